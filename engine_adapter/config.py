@@ -1,0 +1,95 @@
+"""Engine configuration: one frozen dataclass, validated once, and the slice of it that travels to the
+engine core (a child process) inside vLLM's `additional_config`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine_adapter.policy.decide import DEFAULT_TTL_S, POLICY_NAMES
+from engine_adapter.triggers import DEFAULT_TRIGGERS, Trigger
+
+ADDITIONAL_CONFIG_KEY = "infercept"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "default"  # "default" | "tiny" | a local HF folder | a hub id
+    policy: str = "preserve"
+    dtype: str = "bfloat16"
+    kv_cache_gib: float = 1.0  # VLLM_CPU_KVCACHE_SPACE on CPU; fraction-free sizing on GPU
+    num_kv_blocks: int | None = None  # overrides the KV size (tests use a small cache)
+    block_size: int | None = None  # None: vLLM's default for the platform (128 on CPU)
+    max_num_seqs: int = 64
+    max_model_len: int = 4096
+    max_num_batched_tokens: int | None = None
+    seed: int = 0
+    triggers: tuple[Trigger, ...] = DEFAULT_TRIGGERS
+    trigger_window_tokens: int = 96
+    ttl_s: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_TTL_S))
+    # Augmentation type of a turn that ends without a trigger (EOS, max_tokens): waiting for the human.
+    turn_end_type: str = "chat"
+    # Free blocks kept in reserve beyond the next step's need before preserved KV is demoted.
+    demotion_reserve_blocks: int = 0
+    log_stats: bool = False
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICY_NAMES:
+            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.kv_cache_gib <= 0 or not math.isfinite(self.kv_cache_gib):
+            raise ValueError("kv_cache_gib must be a positive number")
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError("num_kv_blocks must be at least 2")
+        if self.max_num_seqs < 1 or self.max_model_len < 16:
+            raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 16")
+        names = [t.name for t in self.triggers]
+        if len(set(names)) != len(names):
+            raise ValueError(f"trigger names must be unique: {names}")
+        for k, v in self.ttl_s.items():
+            if v < 0:
+                raise ValueError(f"ttl for {k!r} must be >= 0")
+
+    @property
+    def prefix_caching(self) -> bool:
+        # Only the policy modelling today's vLLM keeps freed blocks hittable; every other policy
+        # must really recompute what it discards, or the comparison would flatter discarding.
+        return self.policy == "vllm-apc"
+
+    def core_config(self) -> dict[str, Any]:
+        """The JSON-able part the scheduler in the engine core needs."""
+        return {
+            "policy": self.policy,
+            "triggers": [t.to_dict() for t in self.triggers],
+            "trigger_window_tokens": self.trigger_window_tokens,
+            "ttl_s": dict(self.ttl_s),
+            "turn_end_type": self.turn_end_type,
+            "demotion_reserve_blocks": self.demotion_reserve_blocks,
+        }
+
+
+@dataclass(frozen=True)
+class CoreConfig:
+    """`EngineConfig.core_config()` as read back in the engine core."""
+
+    policy: str
+    triggers: tuple[Trigger, ...]
+    trigger_window_tokens: int
+    ttl_s: dict[str, float]
+    turn_end_type: str
+    demotion_reserve_blocks: int
+
+    @classmethod
+    def from_additional_config(cls, additional: Mapping[str, Any] | None) -> CoreConfig:
+        d = dict((additional or {}).get(ADDITIONAL_CONFIG_KEY) or EngineConfig().core_config())
+        return cls(
+            policy=d["policy"],
+            triggers=tuple(Trigger.from_dict(t) for t in d["triggers"]),
+            trigger_window_tokens=int(d["trigger_window_tokens"]),
+            ttl_s={str(k): float(v) for k, v in d["ttl_s"].items()},
+            turn_end_type=str(d["turn_end_type"]),
+            demotion_reserve_blocks=int(d["demotion_reserve_blocks"]),
+        )

@@ -1,0 +1,391 @@
+"""The intercept scheduler: a vLLM V1 `Scheduler` subclass loaded with `scheduler_cls`.
+
+It runs inside vLLM's engine core (a child process). It detects intercept triggers token by token,
+parks the request at the trigger as a paused streaming session, applies the intercept policy to the
+paused request's KV (keep, free, free after a TTL, give back under memory pressure), restores the
+original arrival time on resume, and keeps the per-intercept ledger and block accounting.
+
+vLLM 0.32 internals this module relies on (check them on every vLLM upgrade):
+
+* `vllm.v1.core.sched.scheduler.Scheduler`: `_update_request_with_output` (re-implemented here with
+  the trigger check added; it is the base method's loop plus one call), `_handle_stopped_request`
+  (parks resumable requests as `WAITING_FOR_STREAMING_REQ`), `_update_request_as_session` (keeps
+  `_all_token_ids[:num_computed_tokens]` and overwrites `arrival_time`), `finish_requests`,
+  `_free_request`, `_free_request_blocks`, `schedule`, and the attributes `requests`, `running`,
+  `waiting`, `kv_holding_waiting` (queues), `num_waiting_for_streaming_input` (paused sessions counted
+  against `max_num_active_reqs`), `max_num_active_reqs`, `max_num_scheduled_tokens`, `block_size`,
+  `deferred_frees`, `kv_cache_manager`.
+* `vllm.v1.core.sched.utils.check_stop`, `vllm.v1.request.{Request, RequestStatus}`.
+* `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks}` and
+  `kv_cache_manager.coordinator.single_type_managers[*].req_to_blocks` (block accounting).
+* `vllm.v1.engine.core.EngineCore`: utility calls resolve `getattr(EngineCore, name)`; this module adds
+  one method, `infercept_call`, that forwards to the scheduler (`engine.py` calls it).
+* `Request.kv_hints` (`vllm.v1.kv_hints.KvHintsEnvelope`): carries the session id and the tool table.
+* `SchedulerOutput.scheduled_new_reqs[*].num_computed_tokens`: prefix-cache hits at a re-admission.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from vllm.logger import init_logger
+from vllm.tokenizers.registry import cached_tokenizer_from_config
+from vllm.v1.core.sched.output import SchedulerOutput
+from vllm.v1.core.sched.scheduler import Scheduler
+from vllm.v1.core.sched.utils import check_stop
+from vllm.v1.engine.core import EngineCore
+from vllm.v1.request import Request, RequestStatus
+
+from engine_adapter.accounting import BlockCounts, Ledger
+from engine_adapter.config import CoreConfig
+from engine_adapter.hints import TOOLS_ACTION, parse_hints
+from engine_adapter.policy import Action, PausedView, make_policy
+from engine_adapter.triggers import TriggerMatcher
+
+logger = init_logger(__name__)
+
+
+@dataclass
+class Paused:
+    """A request parked at an intercept (status WAITING_FOR_STREAMING_REQ)."""
+
+    request: Request
+    session_id: str
+    aug_type: str
+    trigger: str | None
+    paused_at_s: float
+    expected_duration_s: float | None
+    arrival_time: float  # the original one, restored at resume under FCFS-keeping policies
+    preserved: bool = True  # its KV blocks are still allocated
+    holds_slot: bool = True  # counted in num_waiting_for_streaming_input
+
+    def view(self) -> PausedView:
+        return PausedView(
+            request_id=self.request.request_id,
+            aug_type=self.aug_type,
+            context_tokens=self.request.num_computed_tokens,
+            paused_at_s=self.paused_at_s,
+            expected_duration_s=self.expected_duration_s,
+            preserved=self.preserved,
+        )
+
+
+class InterceptScheduler(Scheduler):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._ic = CoreConfig.from_additional_config(self.vllm_config.additional_config)
+        self._ic_policy = make_policy(self._ic.policy, self._ic.ttl_s)
+        tok = cached_tokenizer_from_config(self.vllm_config.model_config)
+        vocab = [tok.decode([i]) for i in range(len(tok))]
+        self._ic_matcher = TriggerMatcher(
+            self._ic.triggers, tok.decode, vocab, window_tokens=self._ic.trigger_window_tokens
+        )
+        self._ic_trigger_names = frozenset(t.name for t in self._ic.triggers)
+        self._ic_paused: dict[str, Paused] = {}
+        self._ic_sessions: dict[str, str] = {}  # session id -> request id
+        self._ic_recompute_pending: set[str] = set()
+        self._ic_ledger = Ledger()
+        logger.info(
+            "InferCept scheduler: policy=%s triggers=%s", self._ic.policy, sorted(self._ic_trigger_names)
+        )
+
+    # ------------------------------------------------------------------ triggers
+    def _update_request_with_output(
+        self, request: Request, new_token_ids: list[int], is_stale: bool = False
+    ) -> tuple[list[int], bool]:
+        # The base loop, plus the trigger check after each token so that nothing past the trigger is
+        # kept (a multi-token step is cut right after the completing token).
+        stopped = False
+        enabled = _enabled_triggers(request)
+        for num_new, token_id in enumerate(new_token_ids, 1):
+            request.append_output_token_ids(token_id)
+            stopped = check_stop(request, self.max_model_len)
+            if not stopped and request.resumable:
+                name = self._ic_matcher.check(request.output_token_ids, enabled)
+                if name is not None:
+                    request.status = RequestStatus.FINISHED_STOPPED
+                    request.stop_reason = name
+                    stopped = True
+            if stopped:
+                del new_token_ids[num_new:]
+                break
+        return new_token_ids, stopped
+
+    # ------------------------------------------------------------------ pause
+    def _handle_stopped_request(self, request: Request) -> bool:
+        trigger = request.stop_reason if request.stop_reason in self._ic_trigger_names else None
+        finished = super()._handle_stopped_request(request)
+        if not finished and request.status == RequestStatus.WAITING_FOR_STREAMING_REQ:
+            self._ic_pause(request, trigger)
+        return finished
+
+    def _ic_pause(self, request: Request, trigger: str | None) -> None:
+        now = time.monotonic()
+        hints = parse_hints(request.kv_hints)
+        session_id = hints.session_id or request.request_id
+        self._ic_sessions[session_id] = request.request_id
+        tool = None
+        if trigger is not None:
+            tool = _last_tool(self._ic.triggers, trigger, request, self._ic_matcher)
+            aug_type, expected = hints.tool_info(tool)
+        else:
+            aug_type, expected = self._ic.turn_end_type, hints.turn_end_expected_s
+        p = Paused(
+            request=request,
+            session_id=session_id,
+            aug_type=aug_type,
+            trigger=trigger,
+            paused_at_s=now,
+            expected_duration_s=expected,
+            arrival_time=request.arrival_time,
+        )
+        self._ic_paused[request.request_id] = p
+        action = self._ic_policy.on_pause(p.view())
+        self._ic_ledger.pause(
+            session_id=session_id,
+            request_id=request.request_id,
+            aug_type=aug_type,
+            trigger=trigger,
+            tool=tool,
+            policy=self._ic_policy.name,
+            context_tokens=request.num_computed_tokens,
+            paused_at_s=now,
+            expected_duration_s=expected,
+            action=action.value,
+        )
+        if action is Action.DISCARD:
+            self._ic_release(p, "discard", now)
+
+    def _ic_release(self, p: Paused, fate: str, now: float) -> None:
+        """Free a paused request's KV and its running slot. It stays parked; its context
+        (num_computed_tokens) is kept so that the resume rebuilds exactly the same tokens."""
+        assert p.preserved and p.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        self._free_request_blocks(p.request)
+        p.preserved = False
+        if p.holds_slot:
+            self.num_waiting_for_streaming_input -= 1
+            p.holds_slot = False
+        self._ic_ledger.release_kv(p.request.request_id, fate, now)
+
+    # ------------------------------------------------------------------ resume
+    def _update_request_as_session(self, session: Request, update: Any) -> None:
+        p = self._ic_paused.pop(session.request_id, None)
+        if p is not None and not p.holds_slot:
+            self.num_waiting_for_streaming_input += 1  # super() takes it off again
+        super()._update_request_as_session(session, update)
+        session.stop_reason = None  # vLLM carries it over between turns
+        if p is None:
+            return
+        now = time.monotonic()
+        self._ic_ledger.resume(session.request_id, now)
+        spec = self._ic_policy.spec
+        if spec.keep_arrival_time:
+            session.arrival_time = p.arrival_time
+        if not p.preserved:
+            # Recompute from scratch (or from prefix-cache hits): it holds no KV now, so it belongs in
+            # the plain waiting queue, ordered by arrival.
+            session.num_computed_tokens = 0
+            self.kv_holding_waiting.remove_request(session)
+            self._ic_enqueue_by_arrival(session)
+            self._ic_recompute_pending.add(session.request_id)
+
+    def _ic_enqueue_by_arrival(self, request: Request) -> None:
+        queue = self.waiting
+        if not hasattr(queue, "insert"):  # priority queue: already ordered by (priority, arrival)
+            queue.add_request(request)
+            return
+        idx = len(queue)
+        while idx > 0 and queue[idx - 1].arrival_time > request.arrival_time:
+            idx -= 1
+        queue.insert(idx, request)
+
+    # ------------------------------------------------------------------ close
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        ids = (request_ids,) if isinstance(request_ids, str) else request_ids
+        for rid in list(ids) if ids is not None else list(self._ic_paused):
+            p = self._ic_paused.get(rid)
+            if p is not None and not p.holds_slot:
+                self.num_waiting_for_streaming_input += 1  # super() takes it off again
+                p.holds_slot = True
+        return super().finish_requests(request_ids, finished_status)
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        rid = request.request_id
+        self._ic_paused.pop(rid, None)
+        self._ic_recompute_pending.discard(rid)
+        self._ic_ledger.close(rid, time.monotonic())
+        sid = parse_hints(request.kv_hints).session_id
+        if sid is not None and self._ic_sessions.get(sid) == rid:
+            del self._ic_sessions[sid]
+        return super()._free_request(request, delay_free_blocks)
+
+    # ------------------------------------------------------------------ per iteration
+    def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        now = time.monotonic()
+        views = [p.view() for p in self._ic_paused.values()]
+        for rid in self._ic_policy.expired(views, now):
+            self._ic_release(self._ic_paused[rid], "ttl-expired", now)
+        self._ic_relieve_pressure(now)
+        out = super().schedule(*args, **kwargs)
+        if self._ic_recompute_pending:
+            for new in out.scheduled_new_reqs:
+                if new.req_id in self._ic_recompute_pending:
+                    self._ic_recompute_pending.discard(new.req_id)
+                    self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
+        return out
+
+    def _ic_relieve_pressure(self, now: float) -> None:
+        """Give back preserved KV (and running slots) when running or resumed work needs them, so a
+        paused request can never starve the batch. Paused requests expected back last go first."""
+        preserved = [p for p in self._ic_paused.values() if p.preserved]
+        if not preserved:
+            return
+        need_blocks, head_waiting = self._ic_blocks_needed()
+        # Brand-new requests may wait for preserved KV (that is the preserve policy's cost), unless
+        # nothing runs, in which case waiting would be a deadlock.
+        wants_room = head_waiting is not None and (
+            head_waiting.request_id in self._ic_sessions.values() or not self.running
+        )
+        slots_short = wants_room and (
+            len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs
+        )
+        free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+        short = need_blocks + self._ic.demotion_reserve_blocks - free
+        if short <= 0 and not slots_short:
+            return
+        order = self._ic_policy.demotion_order([p.view() for p in preserved], now)
+        for rid in order:
+            p = self._ic_paused[rid]
+            if p.request is head_waiting:
+                continue
+            self._ic_release(p, "demoted", now)
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            short = need_blocks + self._ic.demotion_reserve_blocks - free
+            slots_short = slots_short and (
+                len(self.running) + self.num_waiting_for_streaming_input >= self.max_num_active_reqs
+            )
+            if short <= 0 and not slots_short:
+                break
+
+    def _ic_blocks_needed(self) -> tuple[int, Request | None]:
+        """Blocks the next step needs: running requests first, then the first waiting request that
+        is ready (vLLM's own order), within the step's token budget."""
+        budget = self.max_num_scheduled_tokens
+        need = 0
+        for req in self.running:
+            n = min(max(req.num_tokens_with_spec - req.num_computed_tokens, 0), budget)
+            budget -= n
+            need += self._ic_new_blocks(req, n)
+        head: Request | None = None
+        for queue in (self.kv_holding_waiting, self.waiting):
+            for req in queue:
+                if req.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+                    head = req
+                    break
+            if head is not None:
+                break
+        if head is not None and budget > 0:
+            n = min(head.num_tokens - head.num_computed_tokens, budget)
+            need += self._ic_new_blocks(head, n)
+        return need, head
+
+    def _ic_new_blocks(self, req: Request, n_tokens: int) -> int:
+        held = len(self._ic_req_blocks(req.request_id))
+        return max(0, math.ceil((req.num_computed_tokens + n_tokens) / self.block_size) - held)
+
+    def _ic_req_blocks(self, request_id: str) -> list[int]:
+        ids: list[int] = []
+        for mgr in self.kv_cache_manager.coordinator.single_type_managers:
+            ids.extend(b.block_id for b in mgr.req_to_blocks.get(request_id, ()) if not b.is_null)
+        return ids
+
+    # ------------------------------------------------------------------ reporting (utility calls)
+    def infercept_block_counts(self) -> BlockCounts:
+        pool = self.kv_cache_manager.block_pool
+        paused: set[int] = set()
+        others: set[int] = set()
+        for rid in self.requests:
+            p = self._ic_paused.get(rid)
+            (paused if p is not None else others).update(self._ic_req_blocks(rid))
+        in_flight = sum(len(blocks) for _, blocks in self.deferred_frees)
+        return BlockCounts(
+            total=pool.num_gpu_blocks - 1,  # block 0 is vLLM's null block
+            free=pool.get_num_free_blocks(),
+            running=len(others) + in_flight,
+            preserved=len(paused - others),
+        )
+
+    def infercept_stats(self) -> dict[str, Any]:
+        now = time.monotonic()
+        counts = self.infercept_block_counts()
+        return {
+            "policy": self._ic_policy.name,
+            "block_size": self.block_size,
+            "blocks": counts.to_dict(),
+            "totals": self._ic_ledger.snapshot(now),
+            "paused": len(self._ic_paused),
+            "paused_preserved": sum(p.preserved for p in self._ic_paused.values()),
+            "running": len(self.running),
+            "waiting": len(self.waiting) + len(self.kv_holding_waiting) - len(self._ic_paused),
+            "engine_time_s": now,
+        }
+
+    def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
+        return [
+            r.to_dict()
+            for r in self._ic_ledger.records
+            if session_id is None or r.session_id == session_id
+        ]
+
+    def infercept_check_integrity(self) -> dict[str, int]:
+        counts = self.infercept_block_counts()
+        counts.check()
+        return counts.to_dict()
+
+    def infercept_tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
+        """Refine the type / expected duration of a session's current pause (the caller may know more
+        than the tool table, e.g. an oracle duration)."""
+        rid = self._ic_sessions.get(session_id)
+        p = self._ic_paused.get(rid) if rid is not None else None
+        if p is None:
+            return False
+        p.aug_type = aug_type
+        p.expected_duration_s = expected_duration_s
+        rec = self._ic_ledger.open.get(rid)
+        if rec is not None:
+            rec.aug_type, rec.expected_duration_s = aug_type, expected_duration_s
+        return True
+
+
+def _enabled_triggers(request: Request) -> frozenset[str] | None:
+    sp = request.sampling_params
+    extra = (sp.extra_args or {}).get("infercept") if sp is not None else None
+    if not extra or extra.get("triggers") is None:
+        return None
+    return frozenset(extra["triggers"])
+
+
+def _last_tool(triggers: Any, trigger: str, request: Request, matcher: TriggerMatcher) -> str | None:
+    from engine_adapter.triggers import find_call
+
+    window = list(request.output_token_ids[-matcher.window_tokens :])
+    match = find_call(triggers, trigger, matcher.decode(window))
+    return match.tool if match is not None else None
+
+
+def _infercept_call(self: EngineCore, method: str, args: list[Any]) -> Any:
+    """Utility entry point (`AsyncLLM.engine_core.call_utility_async("infercept_call", ...)`)."""
+    sched = self.scheduler
+    if not isinstance(sched, InterceptScheduler):
+        raise RuntimeError("the engine core is not running the InferCept scheduler")
+    fn = getattr(sched, "infercept_" + method, None)
+    if fn is None:
+        raise ValueError(f"unknown infercept call {method!r}")
+    result = fn(*args)
+    return result.to_dict() if isinstance(result, BlockCounts) else result
+
+
+EngineCore.infercept_call = _infercept_call  # type: ignore[attr-defined]

