@@ -23,6 +23,8 @@ class InterceptRecord:
     context_tokens: int  # tokens in the KV context when the request paused
     paused_at_s: float
     expected_duration_s: float | None = None
+    arrival_time: float | None = None  # the request's arrival (vLLM clock) when it paused
+    requeued_arrival_time: float | None = None  # what the resume was queued with (FCFS order)
     action: str = "preserve"  # the policy's choice at the pause
     # "preserve" | "discard" | "ttl-expired" | "demoted" | "closed": what happened to the KV, last event
     kv_fate: str = "preserve"
@@ -82,11 +84,12 @@ class Ledger:
         elif fate == "demoted":
             self.totals.demoted += 1
 
-    def resume(self, request_id: str, now_s: float) -> InterceptRecord | None:
+    def resume(self, request_id: str, now_s: float, requeued_arrival_time: float) -> InterceptRecord | None:
         rec = self.open.get(request_id)
         if rec is None:
             return None
         rec.resumed_at_s = now_s
+        rec.requeued_arrival_time = requeued_arrival_time
         rec.call_duration_s = now_s - rec.paused_at_s
         if rec.kv_released_at_s is None:
             rec.tokens_kept = rec.context_tokens

@@ -317,6 +317,9 @@ class InterceptEngine:
         return SamplingParams(
             max_tokens=max_tokens,
             output_kind=RequestOutputKind.DELTA,
+            # A trigger ends the turn as a "stop"; without this vLLM's detokenizer would drop the
+            # completing token's text (it assumes a stop token). EOS still decodes to "".
+            include_stop_str_in_output=True,
             **session.sampling,
         )
 

@@ -53,11 +53,6 @@ class SessionHints:
         expected = info.get("expected_s")
         return str(info.get("type", DEFAULT_TYPE)), (None if expected is None else float(expected))
 
-    @property
-    def turn_end_expected_s(self) -> float | None:
-        expected = (self.tools.get(TURN_END_KEY) or {}).get("expected_s")
-        return None if expected is None else float(expected)
-
 
 def parse_hints(env: KvHintsEnvelope | None) -> SessionHints:
     if env is None:

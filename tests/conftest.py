@@ -1,0 +1,57 @@
+"""Shared fixtures: one real vLLM engine per configuration, kept for the whole test session.
+
+vLLM's engine core runs in a child process; tests drive it through the same `InterceptEngine` facade
+the gateway uses. Engines are expensive (~20 s to start on 2 cores), so a session-scoped, parametrized
+fixture holds one per policy and pytest groups the tests that use it.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from collections.abc import AsyncIterator
+
+import pytest
+import pytest_asyncio
+
+from engine_adapter.config import EngineConfig
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.policy import POLICY_NAMES
+
+# Small on purpose: 23 usable blocks of 32 tokens (block 0 is vLLM's null block), so a handful of
+# sessions already overflow the cache. max_model_len must still fit in it.
+TINY_KV_BLOCKS = 24
+TINY_BLOCK_SIZE = 32
+TINY_MAX_LEN = 512
+TINY_MAX_SEQS = 4
+
+
+def tiny_config(policy: str, **overrides: object) -> EngineConfig:
+    kw: dict[str, object] = dict(
+        model="tiny",
+        policy=policy,
+        dtype="float32",  # exact equivalence: bf16 diverges when prefill chunking differs
+        num_kv_blocks=TINY_KV_BLOCKS,
+        block_size=TINY_BLOCK_SIZE,
+        max_model_len=TINY_MAX_LEN,
+        max_num_seqs=TINY_MAX_SEQS,
+        # Short TTLs so the ttl policy both keeps (short calls) and expires (long calls) in tests.
+        ttl_s={"math": 5.0, "chat": 0.3, "default": 0.3},
+    )
+    kw.update(overrides)
+    return EngineConfig(**kw)  # type: ignore[arg-type]
+
+
+@pytest_asyncio.fixture(scope="session", params=POLICY_NAMES)
+async def policy_engine(request: pytest.FixtureRequest) -> AsyncIterator[InterceptEngine]:
+    engine = InterceptEngine(tiny_config(request.param))
+    await engine.start()
+    try:
+        yield engine
+    finally:
+        await engine.shutdown()

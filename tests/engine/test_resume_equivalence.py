@@ -1,0 +1,120 @@
+"""Pause + resume gives exactly the tokens of one uninterrupted request over the same context, under
+every policy; and each policy restores the context the way it says it does."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_adapter.engine import InterceptEngine, Session, TurnEnd
+
+TOOL_TEXTS = ["\nObservation: 4,096 results found.\n", "\nObservation: the door is locked.\n"]
+# Longer than two KV blocks (32 tokens each in the test engines), so prefix-cache hits are visible.
+PROMPT = (
+    "You are an agent in a text world. You can search, open doors and count things. "
+    "Think step by step and use one tool per step.\n"
+    "Question: how many results are there for the word 'door', and is the kitchen door open?\nThought:"
+)
+
+
+async def run_turn(session: Session, tokens: list[int] | str, max_tokens: int) -> TurnEnd:
+    end = None
+    async for ev in session.turn(tokens, max_tokens=max_tokens):
+        if isinstance(ev, TurnEnd):
+            end = ev
+    assert end is not None
+    return end
+
+
+async def fresh_output(engine: InterceptEngine, context: list[int], max_tokens: int) -> list[int]:
+    s = engine.open_session()
+    try:
+        return (await run_turn(s, context, max_tokens)).token_ids
+    finally:
+        await s.close()
+
+
+async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> None:
+    engine = policy_engine
+    prompt = engine.encode(PROMPT)
+    s = engine.open_session()
+    first = await run_turn(s, prompt, max_tokens=12)
+    assert len(first.token_ids) == 12 and first.reason == "length"
+    context = prompt + first.token_ids
+    for i, tool_text in enumerate(TOOL_TEXTS):
+        await asyncio.sleep(0.4 if i == 0 else 0.0)  # long enough for the ttl policy to expire "chat"
+        appended = engine.encode(tool_text)
+        resumed = await run_turn(s, appended, max_tokens=10)
+        context = context + appended
+        expected = await fresh_output(engine, context, max_tokens=10)
+        assert resumed.token_ids == expected, f"turn {i + 1} diverged under {engine.config.policy}"
+        # The check is discriminating: dropping the token the pause left out changes the output.
+        wrong = await fresh_output(engine, context[: -len(appended) - 1] + appended, max_tokens=10)
+        assert wrong != expected
+        assert resumed.context_tokens == len(context) + len(resumed.token_ids)
+        context = context + resumed.token_ids
+
+    records = await engine.intercepts(s.id)
+    await s.close()
+    assert [r["context_tokens"] for r in records][:2] == [
+        len(prompt) + 11,
+        len(prompt) + 12 + len(engine.encode(TOOL_TEXTS[0])) + 9,
+    ]
+    first_rec = records[0]
+    policy = engine.config.policy
+    assert first_rec["policy"] == policy and first_rec["aug_type"] == "chat"
+    assert first_rec["call_duration_s"] >= 0.4
+    if policy == "preserve":
+        assert first_rec["restored_by"] == "preserve"
+        assert first_rec["tokens_kept"] == first_rec["context_tokens"]
+        assert first_rec["tokens_recomputed"] == 0
+    elif policy in ("discard", "improved-discard", "ttl"):
+        # ttl: "chat" lives 0.3 s in the test config and the call took 0.4 s.
+        assert first_rec["kv_fate"] == ("ttl-expired" if policy == "ttl" else "discard")
+        assert first_rec["restored_by"] == "recompute"
+        assert first_rec["tokens_recomputed"] == first_rec["context_tokens"]
+    elif policy == "vllm-apc":
+        # Freed blocks stay hittable: every full block of the context comes back from the cache.
+        block = (await engine.stats())["block_size"]
+        assert first_rec["context_tokens"] >= 2 * block
+        assert first_rec["tokens_prefix_hit"] == first_rec["context_tokens"] // block * block
+        assert first_rec["restored_by"] == "partial-prefix-cache"
+    if policy in ("discard", "vllm-apc"):
+        assert first_rec["requeued_arrival_time"] > first_rec["arrival_time"]  # back of the queue
+    else:
+        assert first_rec["requeued_arrival_time"] == first_rec["arrival_time"]  # FCFS kept
+
+    await asyncio.sleep(0.1)
+    counts = await engine.check_integrity()
+    assert counts["free"] == counts["total"], counts
+
+
+async def test_abort_mid_turn_frees_kv_and_session_continues(policy_engine: InterceptEngine) -> None:
+    engine = policy_engine
+    prompt = engine.encode(PROMPT)
+    s = engine.open_session()
+
+    async def consume() -> None:
+        async for _ in s.turn(prompt, max_tokens=400):
+            pass
+
+    task = asyncio.create_task(consume())
+    while len(s.history) == 0 or not s.open_in_engine:
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    for _ in range(100):  # the abort reaches the engine core asynchronously
+        counts = await engine.check_integrity()
+        if counts["free"] == counts["total"]:
+            break
+        await asyncio.sleep(0.05)
+    assert counts["free"] == counts["total"], counts
+    # The session keeps its history and goes on in a new request over the whole context.
+    kept = len(s.history)
+    assert kept > len(prompt)
+    end = await run_turn(s, engine.encode("\nObservation: ok\n"), max_tokens=5)
+    assert len(end.token_ids) == 5
+    await s.close()
