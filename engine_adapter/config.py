@@ -93,3 +93,43 @@ class CoreConfig:
             turn_end_type=str(d["turn_end_type"]),
             demotion_reserve_blocks=int(d["demotion_reserve_blocks"]),
         )
+
+
+def _trigger_from_yaml(item: Any) -> Trigger:
+    if isinstance(item, str):
+        builtin = {t.name: t for t in DEFAULT_TRIGGERS}
+        if item not in builtin:
+            raise ValueError(f"unknown built-in trigger {item!r}; built-ins: {', '.join(builtin)}")
+        return builtin[item]
+    if isinstance(item, Mapping) and {"name", "pattern", "end_chars"} <= set(item):
+        return Trigger.from_dict(dict(item))
+    raise ValueError(f"a trigger is a built-in name or {{name, pattern, end_chars}}, got {item!r}")
+
+
+def load_engine_config(path: str | None, **overrides: Any) -> EngineConfig:
+    """Read the `engine:` section of a YAML config (unknown keys are errors), then apply overrides
+    (command-line flags; None values are ignored)."""
+    import dataclasses
+
+    import yaml
+
+    data: dict[str, Any] = {}
+    if path is not None:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        data = dict(doc.get("engine") or {})
+    data.update({k: v for k, v in overrides.items() if v is not None})
+    known = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"unknown engine setting(s): {', '.join(unknown)}")
+    if "triggers" in data:
+        data["triggers"] = tuple(_trigger_from_yaml(t) for t in data["triggers"])
+    if "ttl_s" in data:
+        data["ttl_s"] = {str(k): float(v) for k, v in dict(data["ttl_s"]).items()}
+    try:
+        return EngineConfig(**data)
+    except TypeError as e:
+        raise ValueError(f"bad engine config: {e}") from e

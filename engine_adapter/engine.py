@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
 import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
@@ -242,7 +243,9 @@ class InterceptEngine:
 
         cfg = self.config
         self.model_path = await asyncio.to_thread(resolve_model, cfg.model)
-        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(cfg.kv_cache_gib))))
+        # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
+        # core, which inherits our environment. On GPU it is ignored.
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.kv_cache_gib)))
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype=cfg.dtype,
@@ -296,13 +299,14 @@ class InterceptEngine:
         temperature: float = 0.0,
         top_p: float = 1.0,
         seed: int | None = None,
+        ignore_eos: bool = False,
     ) -> Session:
         if self.llm is None:
             raise EngineError("the engine is not started")
         sid = session_id or uuid.uuid4().hex
         if sid in self._sessions:
             raise EngineError(f"session {sid} exists")
-        s = Session(self, sid, tools or {}, max_tokens, {"temperature": temperature, "top_p": top_p, "seed": seed})
+        s = Session(self, sid, tools or {}, max_tokens, dict(temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos))
         self._sessions[sid] = s
         return s
 

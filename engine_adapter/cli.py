@@ -1,0 +1,131 @@
+"""The `infercept` command.
+
+    infercept model prepare [--name default|tiny] [--force]
+    infercept serve [--model default|tiny|PATH|HUB_ID] [--policy NAME] [--once]
+    infercept bench-overhead [--model ...] [--rounds N] [--requests N] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+from engine_adapter.policy import POLICY_NAMES
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+
+def _engine_env() -> None:
+    # tokenizers' thread pool fights vLLM's workers for the cores.
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def _cmd_model_prepare(args: argparse.Namespace) -> int:
+    from engine_adapter.models import ModelError, prepare
+
+    try:
+        t0 = time.perf_counter()
+        path = prepare(args.name, force=args.force)
+    except ModelError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"model {args.name!r} ready at {path} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from engine_adapter.config import load_engine_config
+    from engine_adapter.engine import InterceptEngine, TurnEnd
+
+    cfg = load_engine_config(
+        args.config, model=args.model, policy=args.policy, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
+        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
+    )
+    engine = InterceptEngine(cfg)
+    t0 = time.perf_counter()
+    await engine.start()
+    # A real round trip through the engine before saying "ready".
+    s = engine.open_session(max_tokens=4)
+    async for ev in s.turn("Hello"):
+        if isinstance(ev, TurnEnd):
+            pass
+    await s.close()
+    stats = await engine.stats()
+    print(
+        f"infercept engine ready in {time.perf_counter() - t0:.1f} s: model={engine.model_path} "
+        f"policy={stats['policy']} kv_blocks={stats['blocks']['total']} block_size={stats['block_size']}",
+        flush=True,
+    )
+    if args.once:
+        await engine.shutdown()
+        return 0
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print("(the HTTP gateway is not part of this build yet; Ctrl-C stops the engine)", flush=True)
+    await stop.wait()
+    await engine.shutdown()
+    return 0
+
+
+def _cmd_bench_overhead(args: argparse.Namespace) -> int:
+    from engine_adapter.bench_overhead import Workload, run
+
+    w = Workload(requests=args.requests, prompt_tokens=args.prompt_tokens, output_tokens=args.output_tokens)
+    result = asyncio.run(run(args.model, args.rounds, w, args.dtype, Path(args.out) if args.out else None))
+    return 0 if result["ratio_of_medians"] > 0 else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="infercept", description="Serving for tool-using LLM agents (InferCept on vLLM)")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    model = sub.add_parser("model", help="offline models")
+    msub = model.add_subparsers(dest="model_cmd", required=True)
+    prep = msub.add_parser("prepare", help="build a built-in model into $INFERCEPT_HOME")
+    prep.add_argument("--name", choices=("default", "tiny"), default="default")
+    prep.add_argument("--force", action="store_true", help="rebuild even if a verified copy exists")
+    prep.set_defaults(func=_cmd_model_prepare)
+
+    serve = sub.add_parser("serve", help="start the engine on a model and report readiness")
+    serve.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    serve.add_argument("--model", help="default | tiny | a local HF folder | a hub id")
+    serve.add_argument("--policy", choices=POLICY_NAMES)
+    serve.add_argument("--dtype")
+    serve.add_argument("--kv-cache-gib", type=float)
+    serve.add_argument("--max-num-seqs", type=int)
+    serve.add_argument("--max-model-len", type=int)
+    serve.add_argument("--once", action="store_true", help="exit after the readiness check")
+    serve.set_defaults(func=lambda a: asyncio.run(_serve(a)))
+
+    bench = sub.add_parser("bench-overhead", help="stock vLLM vs the intercept engine, no intercepts")
+    bench.add_argument("--model", default="default")
+    bench.add_argument("--dtype", default="bfloat16")
+    bench.add_argument("--rounds", type=int, default=5)
+    bench.add_argument("--requests", type=int, default=32)
+    bench.add_argument("--prompt-tokens", type=int, default=128)
+    bench.add_argument("--output-tokens", type=int, default=64)
+    bench.add_argument("--out", default="results/bench_overhead.json")
+    bench.set_defaults(func=_cmd_bench_overhead)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _engine_env()
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, OSError) as e:  # configuration errors
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_adapter.config import CoreConfig, EngineConfig, load_engine_config
+from engine_adapter.triggers import REACT
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_shipped_config_loads_and_round_trips_to_the_core() -> None:
+    cfg = load_engine_config(str(REPO / "configs" / "default.yaml"), policy="ttl", model=None)
+    assert cfg.policy == "ttl" and cfg.model == "default"  # flag wins, None is ignored
+    assert [t.name for t in cfg.triggers] == ["react", "tool_call"]
+    assert cfg.ttl_s["image"] == 0.0
+    core = CoreConfig.from_additional_config({"infercept": cfg.core_config()})
+    assert core.policy == "ttl" and core.triggers[0] == REACT and core.ttl_s == dict(cfg.ttl_s)
+
+
+def test_prefix_caching_only_for_vllm_apc() -> None:
+    assert [EngineConfig(policy=p).prefix_caching for p in ("discard", "vllm-apc", "preserve")] == [False, True, False]
+
+
+@pytest.mark.parametrize(
+    "yaml_text, message",
+    [
+        ("engine: {policy: lru}", "unknown policy"),
+        ("engine: {kv_cache: 3}", "unknown engine setting"),
+        ("engine: {triggers: [smoke]}", "unknown built-in trigger"),
+        ("engine: {triggers: [{name: x, pattern: '(', end_chars: ')'}]}", "bad pattern"),
+        ("engine: {ttl_s: {math: -1}}", "must be >= 0"),
+        ("engine: {max_num_seqs: 0}", "max_num_seqs"),
+        ("- a list", "mapping"),
+    ],
+)
+def test_bad_configs_are_rejected_clearly(tmp_path: Path, yaml_text: str, message: str) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml_text)
+    with pytest.raises(ValueError, match=message):
+        load_engine_config(str(f))
+
+
+def test_custom_trigger_from_yaml(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("engine:\n  triggers:\n    - {name: call, pattern: 'CALL\\((?P<tool>\\w+)\\)', end_chars: ')'}\n")
+    cfg = load_engine_config(str(f))
+    assert cfg.triggers[0].regex.search("CALL(search)").group("tool") == "search"
