@@ -67,8 +67,9 @@ class TokenDelta:
 @dataclass(frozen=True)
 class TurnEnd:
     # tool_call: a trigger completed (the request is paused under the policy); stop: EOS, the model
-    # waits for the next message (also paused); length: max_tokens or the context limit.
-    reason: Literal["tool_call", "stop", "length"]
+    # waits for the next message (also paused); length: max_tokens or the context limit; aborted: the
+    # session was closed (or the request aborted) while generating.
+    reason: Literal["tool_call", "stop", "length", "aborted"]
     call: TriggerMatch | None
     text: str
     token_ids: list[int]
@@ -106,6 +107,7 @@ class Session:
         self._pending_last: int | None = None  # last sampled token, not yet in the engine's KV
         self._queue: asyncio.Queue[_Input | None] | None = None
         self._gen: AsyncGenerator[Any, None] | None = None
+        self._request_id: str | None = None
         self._segment = itertools.count()
         self._busy = False
 
@@ -174,6 +176,11 @@ class Session:
             raise
         text = "".join(text_parts)
         reason = comp.finish_reason
+        if reason == "abort":
+            self._drop_request(abort=False)
+            self.history.extend(out_ids)
+            yield TurnEnd("aborted", None, text, out_ids, len(self.history))
+            return
         call = None
         if reason == "stop" and isinstance(comp.stop_reason, str):
             call = find_call(self.engine.config.triggers, comp.stop_reason, text)
@@ -197,7 +204,8 @@ class Session:
         queue: asyncio.Queue[_Input | None] = asyncio.Queue()
         queue.put_nowait(first)
         self._queue = queue
-        self._gen = self.engine._generate(self, queue, next(self._segment))
+        self._request_id = f"{self.id}-{next(self._segment)}"
+        self._gen = self.engine._generate(self, queue, self._request_id)
 
     def _drop_request(self, abort: bool = True) -> None:
         gen, self._gen, self._queue = self._gen, None, None
@@ -215,11 +223,14 @@ class Session:
         self._gen = self._queue = None
         if gen is None:
             return
-        if self._busy:
-            await gen.aclose()
-            return
         assert queue is not None
-        queue.put_nowait(None)  # the input stream ends -> vLLM finishes the request, frees its KV
+        queue.put_nowait(None)  # the input stream ends; vLLM finishes the request when it pauses
+        if self._busy:
+            # Generating right now: abort, which frees the KV at once; the turn in progress ends with
+            # reason "aborted" (its consumer owns the generator, so it is not touched here).
+            assert self._request_id is not None
+            await self.engine.llm.abort(self._request_id)
+            return
         try:
             async for _ in gen:
                 pass
@@ -327,7 +338,7 @@ class InterceptEngine:
             **session.sampling,
         )
 
-    def _generate(self, session: Session, queue: asyncio.Queue[_Input | None], segment: int) -> AsyncGenerator[Any, None]:
+    def _generate(self, session: Session, queue: asyncio.Queue[_Input | None], request_id: str) -> AsyncGenerator[Any, None]:
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs import TokensPrompt
 
@@ -344,7 +355,7 @@ class InterceptEngine:
         return self.llm.generate(
             inputs(),
             self._sampling_params(session, session.max_tokens),
-            request_id=f"{session.id}-{segment}",
+            request_id=request_id,
             kv_hints=build_hints(session.id, session.tools),
         )
 

@@ -103,7 +103,7 @@ def _build_default(out: Path) -> None:
         str(src.parent), gguf_file=src.name, dtype=torch.float32
     )
     config = loaded.config
-    config.torch_dtype = torch.bfloat16
+    config.dtype = torch.bfloat16
     fresh = LlamaForCausalLM(config)
     missing, unexpected = fresh.load_state_dict(loaded.state_dict(), strict=False)
     # SmolLM2 ties the LM head to the embeddings; nothing else may be missing.

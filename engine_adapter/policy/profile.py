@@ -1,0 +1,107 @@
+"""The performance model the waste equations need: T_fwd over batched tokens, the GPU saturation point
+S, KV bytes per token M, and swap bandwidth. Loaded from a JSON profile (`infercept profile` writes one)
+or built from defaults. Pure: no torch, no vLLM."""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Profile:
+    model: str
+    device: str
+    # T_fwd: measured forward time (seconds) of one iteration that schedules `tokens` query tokens.
+    fwd_tokens: tuple[int, ...]
+    fwd_seconds: tuple[float, ...]
+    saturation_tokens: int  # S: past it, time per token stops falling
+    kv_bytes_per_token: int  # M
+    swap_out_bytes_per_s: float
+    swap_in_bytes_per_s: float
+    source: str = "measured"  # or "defaults: <why>"
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if len(self.fwd_tokens) != len(self.fwd_seconds) or not self.fwd_tokens:
+            raise ValueError("profile: fwd_tokens and fwd_seconds must be non-empty and of equal length")
+        if list(self.fwd_tokens) != sorted(set(self.fwd_tokens)) or self.fwd_tokens[0] < 1:
+            raise ValueError("profile: fwd_tokens must be strictly increasing positive integers")
+        if any(t <= 0 for t in self.fwd_seconds):
+            raise ValueError("profile: forward times must be positive")
+        if self.kv_bytes_per_token <= 0 or self.swap_out_bytes_per_s <= 0 or self.swap_in_bytes_per_s <= 0:
+            raise ValueError("profile: M and swap bandwidths must be positive")
+        if self.saturation_tokens < 1:
+            raise ValueError("profile: saturation point must be >= 1 token")
+
+    def t_fwd_s(self, tokens: float) -> float:
+        """Forward time of an iteration with `tokens` query tokens: linear between measured points,
+        extrapolated linearly past the last one (and proportionally below the first)."""
+        if tokens <= 0:
+            return 0.0
+        xs, ys = self.fwd_tokens, self.fwd_seconds
+        if tokens <= xs[0]:
+            return ys[0] * tokens / xs[0] if len(xs) == 1 else ys[0]
+        if len(xs) == 1:
+            return ys[0] * tokens / xs[0]
+        i = bisect.bisect_left(xs, tokens)
+        if i >= len(xs):
+            i = len(xs) - 1
+        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+        return y0 + (y1 - y0) * (tokens - x0) / (x1 - x0)
+
+    def t_swap_out_s(self, tokens: float) -> float:
+        return tokens * self.kv_bytes_per_token / self.swap_out_bytes_per_s
+
+    def t_swap_in_s(self, tokens: float) -> float:
+        return tokens * self.kv_bytes_per_token / self.swap_in_bytes_per_s
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["fwd_tokens"], d["fwd_seconds"] = list(self.fwd_tokens), list(self.fwd_seconds)
+        d["extra"] = dict(self.extra)
+        return json.dumps(d, indent=2)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Profile:
+        return cls(
+            model=str(d["model"]),
+            device=str(d["device"]),
+            fwd_tokens=tuple(int(x) for x in d["fwd_tokens"]),
+            fwd_seconds=tuple(float(x) for x in d["fwd_seconds"]),
+            saturation_tokens=int(d["saturation_tokens"]),
+            kv_bytes_per_token=int(d["kv_bytes_per_token"]),
+            swap_out_bytes_per_s=float(d["swap_out_bytes_per_s"]),
+            swap_in_bytes_per_s=float(d["swap_in_bytes_per_s"]),
+            source=str(d.get("source", "measured")),
+            extra=dict(d.get("extra") or {}),
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Profile:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def saturation_point(tokens: Sequence[int], seconds: Sequence[float], tolerance: float = 0.05) -> int:
+    """S: the smallest measured token count whose time per token is within `tolerance` of the best
+    (lowest) time per token seen. Past it, batching more tokens buys (almost) no throughput."""
+    per_token = [s / t for t, s in zip(tokens, seconds)]
+    best = min(per_token)
+    for t, p in zip(tokens, per_token):
+        if p <= best * (1 + tolerance):
+            return int(t)
+    return int(tokens[-1])  # pragma: no cover - the minimum always qualifies
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int, dtype_bytes: int) -> int:
+    """M for a standard attention model: K and V for every layer."""
+    return 2 * num_layers * num_kv_heads * head_size * dtype_bytes
+
+
+def chunks_needed(context_tokens: int, chunk_tokens: int) -> int:
+    return max(1, math.ceil(context_tokens / max(1, chunk_tokens)))

@@ -1,0 +1,67 @@
+"""Session lifecycle on the real engine: closing mid-generation, bad input, context limits."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, SessionBusy, SessionClosed, TurnEnd
+from tests.conftest import TINY_MAX_LEN
+
+
+async def wait_all_free(engine: InterceptEngine) -> dict[str, int]:
+    for _ in range(100):  # aborts reach the engine core asynchronously
+        counts = await engine.check_integrity()
+        if counts["free"] == counts["total"]:
+            return counts
+        await asyncio.sleep(0.05)
+    return counts
+
+
+async def test_close_while_generating_aborts_and_frees(policy_engine: InterceptEngine) -> None:
+    engine = policy_engine
+    s = engine.open_session(max_tokens=300)
+    events: list[object] = []
+
+    async def consume() -> None:
+        async for ev in s.turn(engine.encode("Tell me a long story about a door.")):
+            events.append(ev)
+
+    task = asyncio.create_task(consume())
+    while len(events) < 3:
+        await asyncio.sleep(0.01)
+    with pytest.raises(SessionBusy):
+        async for _ in s.turn("more"):
+            pass
+    await s.close()
+    await asyncio.wait_for(task, timeout=30)
+    assert isinstance(events[-1], TurnEnd) and events[-1].reason == "aborted"
+    assert 3 <= len(events[-1].token_ids) < 300
+    counts = await wait_all_free(engine)
+    assert counts["free"] == counts["total"], counts
+    with pytest.raises(SessionClosed):
+        async for _ in s.turn("again"):
+            pass
+    assert s.id not in engine.sessions
+
+
+async def test_context_limit_and_empty_first_turn(policy_engine: InterceptEngine) -> None:
+    engine = policy_engine
+    s = engine.open_session(max_tokens=50)
+    with pytest.raises(ContextTooLong) as err:
+        async for _ in s.turn([100] * TINY_MAX_LEN):
+            pass
+    assert err.value.limit == TINY_MAX_LEN
+    with pytest.raises(EngineError):
+        async for _ in s.turn([]):
+            pass
+    # A turn near the limit is capped so the context never exceeds it.
+    end = None
+    async for ev in s.turn([100] * (TINY_MAX_LEN - 10)):
+        if isinstance(ev, TurnEnd):
+            end = ev
+    assert end is not None and end.reason == "length" and len(end.token_ids) == 10
+    await s.close()
+    counts = await wait_all_free(engine)
+    assert counts["free"] == counts["total"]
