@@ -34,7 +34,8 @@ class InterceptRecord:
     tokens_kept: int = 0  # context tokens whose KV survived to the resume
     tokens_recomputed: int | None = None  # filled at the first schedule after the resume
     tokens_prefix_hit: int = 0
-    restored_by: str | None = None  # "preserve" | "recompute" | "prefix-cache" | "partial-prefix-cache"
+    tokens_swapped_in: int = 0
+    restored_by: str | None = None  # "preserve" | "swap" | "recompute" | "prefix-cache" | "partial-prefix-cache"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -49,6 +50,9 @@ class Totals:
     demoted: int = 0
     recomputed_tokens: int = 0
     prefix_hit_tokens: int = 0
+    swapped_out: int = 0
+    swapped_out_tokens: int = 0
+    swapped_in_tokens: int = 0
     preserved_token_seconds: float = 0.0  # completed preserved spans only; see Ledger.snapshot
 
 
@@ -69,8 +73,9 @@ class Ledger:
         self.totals.intercepts += 1
         return rec
 
-    def release_kv(self, request_id: str, fate: str, now_s: float) -> None:
-        """The paused request's KV left the cache (discard, TTL, demotion, close)."""
+    def release_kv(self, request_id: str, fate: str, now_s: float, moved_tokens: int = 0) -> None:
+        """The paused request's KV left the cache (discard, TTL, demotion, close; or swap, with
+        `moved_tokens` of it now in the host buffer)."""
         rec = self.open.get(request_id)
         if rec is None or rec.kv_released_at_s is not None:
             return
@@ -83,6 +88,9 @@ class Ledger:
             self.totals.ttl_expired += 1
         elif fate == "demoted":
             self.totals.demoted += 1
+        elif fate == "swap":
+            self.totals.swapped_out += 1
+            self.totals.swapped_out_tokens += moved_tokens
 
     def resume(self, request_id: str, now_s: float, requeued_arrival_time: float) -> InterceptRecord | None:
         rec = self.open.get(request_id)
@@ -113,6 +121,18 @@ class Ledger:
         )
         self.totals.recomputed_tokens += rec.tokens_recomputed
         self.totals.prefix_hit_tokens += hit
+
+    def swapped_in(self, request_id: str, tokens: int) -> None:
+        """First schedule after a resume whose KV came back from the host buffer."""
+        rec = self.open.pop(request_id, None)
+        if rec is None:
+            return
+        rec.tokens_swapped_in = tokens
+        rec.tokens_kept = tokens
+        rec.tokens_recomputed = max(0, rec.context_tokens - tokens)
+        rec.restored_by = "swap"
+        self.totals.swapped_in_tokens += tokens
+        self.totals.recomputed_tokens += rec.tokens_recomputed
 
     def close(self, request_id: str, now_s: float) -> None:
         rec = self.open.pop(request_id, None)

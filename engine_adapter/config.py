@@ -33,6 +33,14 @@ class EngineConfig:
     turn_end_type: str = "chat"
     # Free blocks kept in reserve beyond the next step's need before preserved KV is demoted.
     demotion_reserve_blocks: int = 0
+    # Swap (policies `swap` and `infercept`): host buffer size, and the performance profile the
+    # waste equations and swap budgets use (None: configs/profiles/<model>-<device>.json if present,
+    # else built-in defaults, which the engine logs).
+    swap_space_gib: float = 1.0
+    profile: str | None = None
+    # Call-duration estimate for `infercept`: prior (type distribution, default) | dynamic | oracle.
+    estimator: str = "prior"
+    augmentation_priors: str | None = None  # YAML with the Table 1 priors (None: configs/augmentations.yaml)
     log_stats: bool = False
 
     def __post_init__(self) -> None:
@@ -49,6 +57,12 @@ class EngineConfig:
         names = [t.name for t in self.triggers]
         if len(set(names)) != len(names):
             raise ValueError(f"trigger names must be unique: {names}")
+        if self.swap_space_gib < 0:
+            raise ValueError("swap_space_gib must be >= 0")
+        from engine_adapter.policy.estimator import ESTIMATORS
+
+        if self.estimator not in ESTIMATORS:
+            raise ValueError(f"unknown estimator {self.estimator!r}; choose one of {', '.join(ESTIMATORS)}")
         for k, v in self.ttl_s.items():
             if v < 0:
                 raise ValueError(f"ttl for {k!r} must be >= 0")
@@ -68,6 +82,9 @@ class EngineConfig:
             "ttl_s": dict(self.ttl_s),
             "turn_end_type": self.turn_end_type,
             "demotion_reserve_blocks": self.demotion_reserve_blocks,
+            "profile": self.profile,
+            "estimator": self.estimator,
+            "augmentation_priors": self.augmentation_priors,
         }
 
 
@@ -81,6 +98,9 @@ class CoreConfig:
     ttl_s: dict[str, float]
     turn_end_type: str
     demotion_reserve_blocks: int
+    profile: str | None = None
+    estimator: str = "prior"
+    augmentation_priors: str | None = None
 
     @classmethod
     def from_additional_config(cls, additional: Mapping[str, Any] | None) -> CoreConfig:
@@ -92,6 +112,9 @@ class CoreConfig:
             ttl_s={str(k): float(v) for k, v in d["ttl_s"].items()},
             turn_end_type=str(d["turn_end_type"]),
             demotion_reserve_blocks=int(d["demotion_reserve_blocks"]),
+            profile=d.get("profile"),
+            estimator=str(d.get("estimator", "prior")),
+            augmentation_priors=d.get("augmentation_priors"),
         )
 
 

@@ -252,8 +252,21 @@ class InterceptEngine:
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
+        from engine_adapter.policy import make_policy
+        from engine_adapter.swap_connector import CONNECTOR_NAME, MODULE_PATH
+
         cfg = self.config
         self.model_path = await asyncio.to_thread(resolve_model, cfg.model)
+        kv_transfer = None
+        if make_policy(cfg.policy).spec.uses_swap:
+            from vllm.config import KVTransferConfig
+
+            kv_transfer = KVTransferConfig(
+                kv_connector=CONNECTOR_NAME,
+                kv_connector_module_path=MODULE_PATH,
+                kv_role="kv_both",
+                kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib},
+            )
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.kv_cache_gib)))
@@ -270,6 +283,7 @@ class InterceptEngine:
             enable_prefix_caching=cfg.prefix_caching,
             async_scheduling=False,  # the scheduler subclass extends the synchronous Scheduler
             scheduler_cls=SCHEDULER_CLS,
+            kv_transfer_config=kv_transfer,
             additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()},
             disable_log_stats=not cfg.log_stats,
         )

@@ -26,9 +26,11 @@ vLLM 0.32 internals this module relies on (check them on every vLLM upgrade):
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from vllm.logger import init_logger
@@ -43,9 +45,21 @@ from engine_adapter.accounting import BlockCounts, Ledger
 from engine_adapter.config import CoreConfig
 from engine_adapter.hints import TURN_END_KEY, parse_hints
 from engine_adapter.policy import Action, PausedView, make_policy
+from engine_adapter.policy.decide import PausedCost, infercept_plan
+from engine_adapter.policy.estimator import DurationEstimator, load_priors
+from engine_adapter.policy.profile import Profile, default_profile, profile_path
+from engine_adapter.policy.waste import (
+    recompute_chunk_tokens,
+    waste_chunked_discard_byte_s,
+    waste_preserve_byte_s,
+)
+from engine_adapter.swap_connector import InterceptSwapConnector
+from engine_adapter.swap_plan import SwapPlanner
 from engine_adapter.triggers import TriggerMatcher, find_call
 
-logger = init_logger(__name__)
+REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
 
 
 @dataclass
@@ -61,6 +75,7 @@ class Paused:
     arrival_time: float  # the original one, restored at resume under FCFS-keeping policies
     preserved: bool = True  # its KV blocks are still allocated
     holds_slot: bool = True  # counted in num_waiting_for_streaming_input
+    swap: str | None = None  # None | "out" (copying) | "out-done" (copied, freed next step) | "swapped"
 
     def view(self) -> PausedView:
         return PausedView(
@@ -88,9 +103,38 @@ class InterceptScheduler(Scheduler):
         self._ic_sessions: dict[str, str] = {}  # session id -> request id
         self._ic_recompute_pending: set[str] = set()
         self._ic_ledger = Ledger()
+        self._ic_swap: SwapPlanner | None = None
+        self._ic_host_expect: dict[str, int] = {}  # request id -> context tokens it keeps on the host
+        self._ic_profile: Profile | None = None
+        self._ic_estimator: DurationEstimator | None = None
+        if self._ic_policy.spec.uses_swap:
+            self._ic_init_swap()
         logger.info(
             "InferCept scheduler: policy=%s triggers=%s", self._ic.policy, sorted(self._ic_trigger_names)
         )
+
+    def _ic_init_swap(self) -> None:
+        conn = self.connector
+        if not isinstance(conn, InterceptSwapConnector):
+            raise RuntimeError(f"policy {self._ic.policy!r} needs the InterceptSwapConnector as KV connector")
+        if len(self.kv_cache_config.kv_cache_groups) != 1:
+            raise RuntimeError("swap supports models with one KV cache group (plain attention)")
+        from vllm.platforms import current_platform
+
+        device = str(current_platform.device_type)
+        model = self.vllm_config.model_config.model
+        path = Path(self._ic.profile) if self._ic.profile else profile_path(REPO_CONFIGS / "profiles", model, device)
+        if path.is_file():
+            prof = Profile.load(path)
+            prof = dataclasses.replace(prof, kv_bytes_per_token=conn.kv_bytes_per_token)
+        else:
+            prof = default_profile(model, device, conn.kv_bytes_per_token, f"no profile at {path}")
+        logger.info("InferCept profile: %s (S=%d tokens, M=%d B/token)", prof.source, prof.saturation_tokens, prof.kv_bytes_per_token)
+        self._ic_profile = prof
+        self._ic_swap = SwapPlanner(conn, prof, self.block_size)
+        priors_path = self._ic.augmentation_priors or str(REPO_CONFIGS / "augmentations.yaml")
+        priors = load_priors(priors_path) if Path(priors_path).is_file() else {}
+        self._ic_estimator = DurationEstimator(self._ic.estimator, priors)
 
     # ------------------------------------------------------------------ triggers
     def _update_request_with_output(
@@ -161,17 +205,44 @@ class InterceptScheduler(Scheduler):
         )
         if action is Action.DISCARD:
             self._ic_release(p, "discard", now)
+        elif self._ic_policy.spec.swap_at_pause:
+            self._ic_start_swap_out(p, now)
+
+    def _ic_start_swap_out(self, p: Paused, now: float) -> bool:
+        assert self._ic_swap is not None
+        rid = p.request.request_id
+        tokens = self._ic_swap.start_out(rid, p.request.num_computed_tokens)
+        if not tokens:
+            # The swap space is full (or the context is under one block): fall back to discard.
+            self._ic_release(p, "discard", now)
+            return False
+        p.swap = "out"
+        self._ic_host_expect[rid] = tokens
+        return True
+
+    def _ic_cancel_swap(self, rid: str) -> None:
+        if self._ic_swap is not None:
+            self._ic_swap.cancel(rid)
+        self._ic_host_expect.pop(rid, None)
 
     def _ic_release(self, p: Paused, fate: str, now: float) -> None:
         """Free a paused request's KV and its running slot. It stays parked; its context
-        (num_computed_tokens) is kept so that the resume rebuilds exactly the same tokens."""
+        (num_computed_tokens) is kept so that the resume rebuilds exactly the same tokens.
+        `fate` "swap" keeps its host copy; any other fate also drops a copy in progress."""
         assert p.preserved and p.request.status == RequestStatus.WAITING_FOR_STREAMING_REQ
+        if fate == "swap":
+            p.swap = "swapped"
+        elif p.swap is not None:
+            self._ic_cancel_swap(p.request.request_id)
+            p.swap = None
         self._free_request_blocks(p.request)
         p.preserved = False
         if p.holds_slot:
             self.num_waiting_for_streaming_input -= 1
             p.holds_slot = False
-        self._ic_ledger.release_kv(p.request.request_id, fate, now)
+        self._ic_ledger.release_kv(
+            p.request.request_id, fate, now, moved_tokens=self._ic_host_expect.get(p.request.request_id, 0)
+        )
 
     # ------------------------------------------------------------------ resume
     def _update_request_as_session(self, session: Request, update: Any) -> None:
@@ -186,10 +257,25 @@ class InterceptScheduler(Scheduler):
         if p is None:
             return
         now = time.monotonic()
+        rid = session.request_id
         if self._ic_policy.spec.keep_arrival_time:
             session.arrival_time = p.arrival_time
-        self._ic_ledger.resume(session.request_id, now, session.arrival_time)
-        if not p.preserved:
+        self._ic_ledger.resume(rid, now, session.arrival_time)
+        if self._ic_estimator is not None:
+            self._ic_estimator.observe(p.aug_type, now - p.paused_at_s)
+        if p.swap in ("out", "out-done"):
+            # Back before its copy finished: the device blocks are still there, keep using them.
+            self._ic_cancel_swap(rid)
+            p.swap = None
+        if p.swap == "swapped":
+            # Load it back: into the waiting queue by arrival; the connector holds it back (returns
+            # None) until the swap-in budget arms it, then vLLM allocates blocks and the worker loads.
+            assert self._ic_swap is not None
+            session.num_computed_tokens = 0
+            self.kv_holding_waiting.remove_request(session)
+            self._ic_enqueue_by_arrival(session)
+            self._ic_swap.q.waiting_in.append(rid)
+        elif not p.preserved:
             # Recompute from scratch (or from prefix-cache hits): it holds no KV now, so it belongs in
             # the plain waiting queue, ordered by arrival.
             session.num_computed_tokens = 0
@@ -221,6 +307,7 @@ class InterceptScheduler(Scheduler):
         rid = request.request_id
         self._ic_paused.pop(rid, None)
         self._ic_recompute_pending.discard(rid)
+        self._ic_cancel_swap(rid)
         self._ic_ledger.close(rid, time.monotonic())
         sid = parse_hints(request.kv_hints).session_id
         if sid is not None and self._ic_sessions.get(sid) == rid:
@@ -230,15 +317,91 @@ class InterceptScheduler(Scheduler):
     # ------------------------------------------------------------------ per iteration
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         now = time.monotonic()
+        if self._ic_swap is not None:
+            self._ic_swap_settle(now)
         self._ic_expire(now)
         self._ic_relieve_pressure(now)
+        if self._ic_swap is not None:
+            self._ic_swap_plan(now)
+        if self._ic_policy.spec.min_waste and self._ic_profile is not None:
+            # Chunked recompute (and prefill): fill each iteration up to the saturation point S and
+            # no further; past S more tokens only lengthen the iteration (paper Sec. 4.3).
+            self.max_num_scheduled_tokens = max(self._ic_profile.saturation_tokens, len(self.running) + 1)
         out = super().schedule(*args, **kwargs)
-        if self._ic_recompute_pending:
+        if self._ic_recompute_pending or (self._ic_swap is not None and self._ic_swap.q.armed):
+            armed = self._ic_swap.q.armed if self._ic_swap is not None else set()
             for new in out.scheduled_new_reqs:
-                if new.req_id in self._ic_recompute_pending:
+                if new.req_id in armed:
+                    armed.discard(new.req_id)
+                    self._ic_ledger.swapped_in(new.req_id, new.num_computed_tokens)
+                elif new.req_id in self._ic_recompute_pending:
                     self._ic_recompute_pending.discard(new.req_id)
                     self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
+        if self._ic_swap is not None:
+            self._ic_swap.last_batch_tokens = max(1, out.total_num_scheduled_tokens)
         return out
+
+    # ------------------------------------------------------------------ swap (swap, infercept)
+    def _ic_swap_settle(self, now: float) -> None:
+        """What the previous step's copies completed: free the device blocks of finished swap-outs,
+        release the host slots of finished swap-ins."""
+        sw = self._ic_swap
+        assert sw is not None
+        for rid in sw.q.out_done:
+            p = self._ic_paused[rid]
+            self._ic_release(p, "swap", now)
+        sw.q.out_done.clear()
+        for rid in sw.conn.restored():
+            self._ic_host_expect.pop(rid, None)
+
+    def _ic_swap_plan(self, now: float) -> None:
+        sw = self._ic_swap
+        assert sw is not None
+        pool = self.kv_cache_manager.block_pool
+        inflight_tokens = sw.remaining_out_tokens()
+        candidates = [p for p in self._ic_paused.values() if p.preserved and p.swap is None]
+        want_out = inflight_tokens + (
+            sum(p.request.num_computed_tokens for p in candidates) if self._ic_policy.spec.min_waste else 0
+        )
+        out_budget, in_budget = sw.budgets(want_out, pool.get_num_free_blocks())
+        if self._ic_policy.spec.min_waste and candidates:
+            self._ic_min_waste(candidates, max(0, out_budget - inflight_tokens), now)
+        done = sw.copy_out({r: self._ic_group0_blocks(r) for r in sw.q.out}, out_budget)
+        for rid in done:
+            self._ic_paused[rid].swap = "out-done"
+        sw.arm_in(in_budget)
+
+    def _ic_min_waste(self, candidates: list[Paused], out_budget_tokens: int, now: float) -> None:
+        """The paper's per-iteration choice (Eq. 2, 4, 5) over the paused requests still on device."""
+        prof, est, sw = self._ic_profile, self._ic_estimator, self._ic_swap
+        assert prof is not None and est is not None and sw is not None
+        running_tokens = sum(r.num_computed_tokens for r in self.running)
+        batch = max(1, sw.last_batch_tokens)
+        chunk = recompute_chunk_tokens(prof, len(self.running))
+        costs = []
+        for p in candidates:
+            ctx = p.request.num_computed_tokens
+            remaining = est.remaining_s(p.aug_type, now - p.paused_at_s, p.expected_duration_s)
+            round_trip = prof.t_swap_out_s(ctx) + prof.t_swap_in_s(ctx)
+            costs.append(
+                PausedCost(
+                    request_id=p.request.request_id,
+                    context_blocks=sw.blocks_for(ctx),
+                    waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
+                    waste_discard=waste_chunked_discard_byte_s(prof, ctx, running_tokens, chunk),
+                    swap_worthwhile=remaining > round_trip + prof.t_fwd_s(batch),
+                )
+            )
+        plan = infercept_plan(costs, out_budget_tokens // self.block_size, sw.conn.slots.num_free)
+        for rid in plan.swap_out:
+            p = self._ic_paused[rid]
+            self._ic_start_swap_out(p, now)
+        for rid in plan.discard:
+            self._ic_release(self._ic_paused[rid], "discard", now)
+
+    def _ic_group0_blocks(self, request_id: str) -> list[int]:
+        mgr = self.kv_cache_manager.coordinator.single_type_managers[0]
+        return [b.block_id for b in mgr.req_to_blocks.get(request_id, ())]
 
     def _ic_expire(self, now: float) -> None:
         views = [p.view() for p in self._ic_paused.values()]
@@ -267,7 +430,9 @@ class InterceptScheduler(Scheduler):
         short = need_blocks + self._ic.demotion_reserve_blocks - free
         if short <= 0 and not slots_short:
             return
-        order = self._ic_policy.demotion_order([p.view() for p in preserved], now)
+        # A request already copying out is freed within a step or two anyway; demoting it would throw
+        # the copy away.
+        order = self._ic_policy.demotion_order([p.view() for p in preserved if p.swap is None], now)
         for rid in order:
             p = self._ic_paused[rid]
             if p.request is head_waiting:
@@ -342,6 +507,24 @@ class InterceptScheduler(Scheduler):
             "running": len(self.running),
             "waiting": len(self.waiting) + len(self.kv_holding_waiting) - len(self._ic_paused),
             "engine_time_s": now,
+            "swap": self._ic_swap_stats(),
+        }
+
+    def _ic_swap_stats(self) -> dict[str, Any] | None:
+        sw = self._ic_swap
+        if sw is None:
+            return None
+        hist = list(sw.budget_history)
+        return {
+            **sw.conn.stats,
+            "host_slots": sw.conn.slots.num_slots,
+            "host_slots_free": sw.conn.slots.num_free,
+            "host_tokens": sw.conn.host_tokens(),
+            "profile": self._ic_profile.source if self._ic_profile else None,
+            "saturation_tokens": self._ic_profile.saturation_tokens if self._ic_profile else None,
+            "kv_bytes_per_token": sw.conn.kv_bytes_per_token,
+            "recent_budgets": [{"limit": n, "out": o, "in": i} for n, o, i in hist[-256:]],
+            "moved": [{"out": o, "in": i} for o, i in list(sw.moved_history)[-256:]],
         }
 
     def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
@@ -354,7 +537,12 @@ class InterceptScheduler(Scheduler):
     def infercept_check_integrity(self) -> dict[str, int]:
         counts = self.infercept_block_counts()
         counts.check()
-        return counts.to_dict()
+        out = counts.to_dict()
+        if self._ic_swap is not None:
+            expect = sum(self._ic_host_expect.values())
+            self._ic_swap.host_tokens_check(expect)
+            out["host_tokens"] = expect
+        return out
 
     def infercept_tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
         """Refine the type / expected duration of a session's current pause (the caller may know more

@@ -40,7 +40,7 @@ class Trigger:
         return self._regex
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "pattern": self.pattern, "end_chars": self.end_chars, "flags": self.flags}
+        return {"name": self.name, "pattern": self.pattern, "end_chars": self.end_chars, "flags": int(self.flags)}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trigger:

@@ -9,6 +9,11 @@ The policies of the engine issue, as one mechanism with parameters (`PolicySpec`
 | improved-discard  | freed                     | original arrival     | off            |
 | preserve          | kept                      | original arrival     | off            |
 | ttl               | kept for ttl[type], freed | original arrival     | off            |
+| swap              | copied to host, freed     | original arrival     | off            |
+| infercept         | min-waste per iteration   | original arrival     | off            |
+
+`infercept` decides per iteration (see `infercept_plan`): swap out the paused requests that would waste
+the most within the swap-out budget, then preserve or discard the rest by the paper's Eq. 5.
 
 Under memory pressure every policy gives preserved KV back (`demotion_order`): a paused request never
 blocks a running or resuming one.
@@ -47,9 +52,15 @@ class PolicySpec:
     prefix_caching: bool
     # Time-to-live per augmentation type ("default" for others); None = no TTL.
     ttl_s: Mapping[str, float] | None = None
+    swap_at_pause: bool = False
+    min_waste: bool = False
+
+    @property
+    def uses_swap(self) -> bool:
+        return self.swap_at_pause or self.min_waste
 
 
-POLICY_NAMES = ("discard", "vllm-apc", "improved-discard", "preserve", "ttl")
+POLICY_NAMES = ("discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept")
 
 
 @dataclass
@@ -119,7 +130,54 @@ def make_policy(name: str, ttl_s: Mapping[str, float] | None = None) -> Intercep
         "improved-discard": PolicySpec("improved-discard", True, True, False),
         "preserve": PolicySpec("preserve", False, True, False),
         "ttl": PolicySpec("ttl", False, True, False, dict(ttl_s if ttl_s is not None else DEFAULT_TTL_S)),
+        "swap": PolicySpec("swap", False, True, False, swap_at_pause=True),
+        "infercept": PolicySpec("infercept", False, True, False, min_waste=True),
     }
     if name not in specs:
         raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
     return InterceptPolicy(specs[name])
+
+
+@dataclass(frozen=True)
+class PausedCost:
+    """One paused request's waste under each choice for this iteration (byte-seconds)."""
+
+    request_id: str
+    context_blocks: int
+    waste_preserve: float
+    waste_discard: float
+    # Our extension: swapping only pays when the call is expected to outlast the round trip of the
+    # copy (out and back in); otherwise the request would be back before its KV is.
+    swap_worthwhile: bool = True
+
+    @property
+    def waste(self) -> float:  # Eq. 5
+        return min(self.waste_preserve, self.waste_discard)
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    swap_out: list[str]
+    discard: list[str]
+    preserve: list[str]
+
+
+def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int) -> IterationPlan:
+    """The paper's per-iteration choice: sort paused requests by their minimum waste, largest first;
+    swap out from the top while the swap-out budget and the host buffer allow; preserve or discard the
+    rest, whichever wastes less. A request bigger than one iteration's budget still starts swapping
+    (its copy continues over the next iterations) when it is first in line and the budget is unused,
+    so large contexts are not starved."""
+    swap, discard, keep = [], [], []
+    budget, host = swap_out_budget_blocks, host_free_blocks
+    for c in sorted(costs, key=lambda c: c.waste, reverse=True):
+        fits_host = c.context_blocks <= host
+        if fits_host and c.swap_worthwhile and c.waste > 0 and (c.context_blocks <= budget or (budget == swap_out_budget_blocks and budget > 0)):
+            swap.append(c.request_id)
+            budget -= min(budget, c.context_blocks)
+            host -= c.context_blocks
+        elif c.waste_discard < c.waste_preserve:
+            discard.append(c.request_id)
+        else:
+            keep.append(c.request_id)
+    return IterationPlan(swap_out=swap, discard=discard, preserve=keep)

@@ -105,3 +105,28 @@ def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_size: int, dtype
 
 def chunks_needed(context_tokens: int, chunk_tokens: int) -> int:
     return max(1, math.ceil(context_tokens / max(1, chunk_tokens)))
+
+
+# Measured on a 2-core CPU machine with SmolLM2-135M bf16 (shared/NOTES.md): used when no profile file
+# matches. The engine replaces M with its real KV size and says that these are defaults.
+_CPU_DEFAULT_FWD = ((64, 256, 512, 1024, 2048), (0.073, 0.201, 0.396, 0.907, 3.057))
+
+
+def default_profile(model: str, device: str, kv_bytes_per_token: int, reason: str) -> Profile:
+    tokens, seconds = _CPU_DEFAULT_FWD
+    return Profile(
+        model=model,
+        device=device,
+        fwd_tokens=tokens,
+        fwd_seconds=seconds,
+        saturation_tokens=saturation_point(tokens, seconds),
+        kv_bytes_per_token=kv_bytes_per_token,
+        swap_out_bytes_per_s=5e9,
+        swap_in_bytes_per_s=5e9,
+        source=f"defaults: {reason}",
+    )
+
+
+def profile_path(profiles_dir: Path, model: str, device: str) -> Path:
+    """configs/profiles/<model folder name>-<device>.json"""
+    return profiles_dir / f"{Path(model).name}-{device}.json"

@@ -19,6 +19,8 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
         ("improved-discard", Action.DISCARD, True, False),
         ("preserve", Action.PRESERVE, True, False),
         ("ttl", Action.PRESERVE, True, False),
+        ("swap", Action.PRESERVE, True, False),  # kept until its copy to the host has finished
+        ("infercept", Action.PRESERVE, True, False),  # decided per iteration afterwards
     ],
 )
 def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool) -> None:
@@ -53,5 +55,5 @@ def test_demotion_order_latest_return_first() -> None:
 def test_unknown_policy() -> None:
     with pytest.raises(ValueError, match="unknown policy"):
         make_policy("lru")
-    assert set(POLICY_NAMES) == {"discard", "vllm-apc", "improved-discard", "preserve", "ttl"}
+    assert set(POLICY_NAMES) == {"discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept"}
     assert math.isinf(make_policy("ttl", {"math": 1.0}).ttl_for("tts"))

@@ -1,0 +1,323 @@
+"""Swap: paused requests' KV blocks copied to a host buffer and back, through a vLLM KV connector.
+
+Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"`,
+`kv_connector_module_path="engine_adapter.swap_connector"`), one instance per role:
+
+* scheduler role (in the engine core, next to `InterceptScheduler`): owns the host buffer's slot map
+  (one slot = one KV block, all layers). The scheduler plans copies (`plan_swap_out`, and swap-ins
+  through vLLM's own `get_num_new_matched_tokens` / `update_state_after_alloc` path, which allocates
+  the destination blocks); `build_connector_meta` ships each step's copy list to the worker.
+* worker role (next to the model runner): holds the real KV tensors (`register_kv_caches`) and a host
+  buffer per layer, and moves blocks layer by layer inside the forward pass: swap-in of layer L in
+  `wait_for_layer_load(L)` (just before layer L's attention reads it), swap-out of layer L in
+  `save_kv_layer(L)` (after layer L's attention, overlapping the next layers' compute). On CUDA the
+  copies run on a side stream with pinned host memory and per-layer events; `wait_for_save` is the
+  barrier. A step without a forward pass (nothing scheduled) copies every layer in `wait_for_save`.
+
+Only full blocks travel: a context's partial last block (< block_size tokens) is recomputed at the
+resume. That keeps the copy layout-agnostic (whole blocks along the block dimension) and means a
+swap-in never writes into a block that the step's forward also writes (vLLM writes the new tokens'
+KV before the attention hook that waits for the layer's load).
+
+Safety: a swapped-out block stays owned by its paused request until the step that copied it has
+finished; the scheduler frees it only in a later step. A swapped-in block is written before any layer
+reads it (`wait_for_layer_load` blocks until that layer's copy is done).
+
+vLLM 0.32 internals relied on: `KVConnectorBase_V1` (above hooks, `build_connector_meta`,
+`get_num_new_matched_tokens`, `update_state_after_alloc`, `request_finished`), `KVConnectorMetadata`,
+`KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks, kv_cache_groups[*].kv_cache_spec.
+page_size_bytes}`, the worker's per-layer KV tensors (the block dimension is found by its size).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import torch
+from vllm.logger import init_logger
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+)
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+    from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+    from vllm.v1.core.sched.output import SchedulerOutput
+    from vllm.v1.kv_cache_interface import KVCacheConfig
+    from vllm.v1.request import Request
+
+logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
+_DEBUG = bool(os.environ.get("INFERCEPT_SWAP_DEBUG"))
+
+CONNECTOR_NAME = "InterceptSwapConnector"
+MODULE_PATH = "engine_adapter.swap_connector"
+
+
+@dataclass
+class SwapMeta(KVConnectorMetadata):
+    host_slots: int
+    # (device block id, host slot) pairs
+    swap_out: list[tuple[int, int]] = field(default_factory=list)
+    swap_in: list[tuple[int, int]] = field(default_factory=list)
+
+
+@dataclass
+class HostCopy:
+    """A paused request's KV in the host buffer (or on its way there)."""
+
+    slots: list[int]  # host slot of the request's i-th block
+    tokens: int  # context tokens covered
+    copied_blocks: int = 0  # how many of its blocks have been planned for copy so far
+
+
+class SlotPool:
+    """Host buffer slots (pure bookkeeping, scheduler side)."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int] | None:
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def give(self, slots: list[int]) -> None:
+        self._free.extend(reversed(slots))
+        assert len(self._free) <= self.num_slots, "host slot freed twice"
+
+
+class InterceptSwapConnector(KVConnectorBase_V1):
+    def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        self.swap_space_bytes = int(float(extra.get("swap_space_gib", 1.0)) * 2**30)
+        self.block_size = vllm_config.cache_config.block_size
+        self._kv_cfg = kv_cache_config
+        if role == KVConnectorRole.SCHEDULER:
+            self._init_scheduler()
+        else:
+            self._init_worker()
+
+    # ============================================================== scheduler side
+    def _init_scheduler(self) -> None:
+        assert self._kv_cfg is not None
+        self.block_bytes = sum(
+            len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in self._kv_cfg.kv_cache_groups
+        )
+        self.slots = SlotPool(max(0, self.swap_space_bytes // max(1, self.block_bytes)))
+        self.host: dict[str, HostCopy] = {}  # request id -> its host copy
+        self._pending_in: dict[str, int] = {}  # request id -> tokens to load this step
+        self._out: list[tuple[int, int]] = []
+        self._in: list[tuple[int, int]] = []
+        self.stats = {"tokens_out": 0, "tokens_in": 0, "blocks_out": 0, "blocks_in": 0, "fallbacks": 0}
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return self.block_bytes // self.block_size
+
+    def reserve(self, request_id: str, context_tokens: int) -> int:
+        """Claim host slots for a request's full blocks. Returns the tokens that will travel (0: none,
+        because the context is shorter than a block or the swap space is full)."""
+        num_blocks = context_tokens // self.block_size
+        tokens = num_blocks * self.block_size
+        if num_blocks == 0:
+            return 0
+        slots = self.slots.take(num_blocks)
+        if slots is None:
+            self.stats["fallbacks"] += 1
+            return 0
+        self.host[request_id] = HostCopy(slots=slots, tokens=tokens)
+        return tokens
+
+    def plan_swap_out(self, request_id: str, block_ids: list[int], max_blocks: int) -> int:
+        """Plan the next up-to-`max_blocks` blocks of a reserved request for copy-out in this step.
+        Returns how many were planned; the copy is complete once `out_complete(request_id)`."""
+        hc = self.host[request_id]
+        start = hc.copied_blocks
+        n = min(max_blocks, len(hc.slots) - start)
+        for i in range(start, start + n):
+            self._out.append((block_ids[i], hc.slots[i]))
+        hc.copied_blocks += n
+        self.stats["blocks_out"] += n
+        if self.out_complete(request_id):
+            self.stats["tokens_out"] += hc.tokens
+        return n
+
+    def out_complete(self, request_id: str) -> bool:
+        hc = self.host[request_id]
+        return hc.copied_blocks == len(hc.slots)
+
+    def drop(self, request_id: str) -> None:
+        """Forget a request's host copy (resumed before its swap-out finished, restored, or closed)."""
+        hc = self.host.pop(request_id, None)
+        if hc is not None:
+            self.slots.give(hc.slots)
+        self._pending_in.pop(request_id, None)
+
+    def host_tokens(self) -> int:
+        return sum(hc.tokens for hc in self.host.values())
+
+    def arm_swap_in(self, request_id: str) -> None:
+        """The next prefix-cache lookup of this request should load its host copy."""
+        self._pending_in[request_id] = self.host[request_id].tokens
+
+    def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
+        rid = request.request_id
+        if rid in self._pending_in:
+            return max(0, self._pending_in[rid] - num_computed_tokens), False  # loaded within the step
+        hc = self.host.get(rid)
+        if hc is not None and hc.copied_blocks != -1:
+            return None, False  # its KV is on the host and not yet armed: ask again next step
+        return 0, False
+
+    def update_state_after_alloc(self, request: Request, blocks: KVCacheBlocks, num_external_tokens: int) -> None:
+        rid = request.request_id
+        if num_external_tokens == 0 or rid not in self._pending_in:
+            return
+        hc = self.host[rid]
+        block_ids = blocks.get_block_ids()[0]
+        n = len(hc.slots)
+        assert len(block_ids) >= n, "vLLM allocated fewer blocks than the swapped context needs"
+        self._in.extend(zip(block_ids[:n], hc.slots[:n]))
+        self.stats["blocks_in"] += n
+        self.stats["tokens_in"] += hc.tokens
+        del self._pending_in[rid]
+        # The slots are read by the worker during this step's forward; they return to the pool when
+        # the scheduler confirms the restore (next step), see `restored`.
+        hc.copied_blocks = -1
+
+    def restored(self) -> list[str]:
+        """Requests whose swap-in was executed in the previous step: release their host slots."""
+        done = [rid for rid, hc in self.host.items() if hc.copied_blocks == -1]
+        for rid in done:
+            self.drop(rid)
+        return done
+
+    def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
+        meta = SwapMeta(host_slots=self.slots.num_slots, swap_out=self._out, swap_in=self._in)
+        self._out, self._in = [], []
+        return meta
+
+    def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        self.drop(request.request_id)
+        return False, None
+
+    # ============================================================== worker side
+    def _init_worker(self) -> None:
+        self.kv: dict[str, torch.Tensor] = {}
+        self.block_dim: dict[str, int] = {}
+        self.host_kv: dict[str, torch.Tensor] = {}
+        self._stream: Any = None
+        self._events: dict[str, Any] = {}
+        self._loaded: set[str] = set()
+        self._saved: set[str] = set()
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        num_blocks = self._kv_cfg.num_blocks if self._kv_cfg is not None else None
+        for name, t in kv_caches.items():
+            dims = [d for d, s in enumerate(t.shape) if s == num_blocks] if num_blocks else [0]
+            if not dims:
+                raise RuntimeError(f"{name}: no dimension of {tuple(t.shape)} has {num_blocks} blocks")
+            self.kv[name] = t
+            self.block_dim[name] = dims[0]
+        if _DEBUG:
+            logger.info("swap connector: %d layers, shapes %s, block dims %s", len(self.kv),
+                        {n: tuple(t.shape) for n, t in list(self.kv.items())[:1]}, set(self.block_dim.values()))
+        if any(t.is_cuda for t in self.kv.values()):
+            self._stream = torch.cuda.Stream()
+
+    def _ensure_host(self, slots: int) -> None:
+        if self.host_kv or slots == 0:
+            return
+        for name, t in self.kv.items():
+            shape = list(t.shape)
+            shape[self.block_dim[name]] = slots
+            self.host_kv[name] = torch.zeros(shape, dtype=t.dtype, pin_memory=t.is_cuda)
+
+    def _meta(self) -> SwapMeta | None:
+        if not self.has_connector_metadata():
+            return None
+        meta = self._get_connector_metadata()
+        return meta if isinstance(meta, SwapMeta) and (meta.swap_in or meta.swap_out) else None
+
+    def _copy(self, name: str, pairs: list[tuple[int, int]], to_host: bool) -> None:
+        if _DEBUG:
+            logger.info("swap %s %s %s", "out" if to_host else "in", name, pairs)
+        dev, host, dim = self.kv[name], self.host_kv[name], self.block_dim[name]
+        dev_idx = torch.tensor([d for d, _ in pairs], dtype=torch.long, device=dev.device)
+        host_idx = torch.tensor([h for _, h in pairs], dtype=torch.long)
+        if to_host:
+            host.index_copy_(dim, host_idx, dev.index_select(dim, dev_idx).to("cpu", non_blocking=dev.is_cuda))
+        else:
+            dev.index_copy_(dim, dev_idx, host.index_select(dim, host_idx).to(dev.device, non_blocking=dev.is_cuda))
+
+    def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        super().bind_connector_metadata(connector_metadata)
+        self._loaded.clear()
+        self._saved.clear()
+        self._events.clear()
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        meta = self._meta()
+        if meta is None:
+            return
+        self._ensure_host(meta.host_slots)
+        if meta.swap_in and self._stream is not None:
+            # Issue every layer's copy on the side stream now; each layer waits only for its own.
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                for name in self.kv:
+                    self._copy(name, meta.swap_in, to_host=False)
+                    ev = torch.cuda.Event()
+                    ev.record(self._stream)
+                    self._events[name] = ev
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        meta = self._meta()
+        if meta is None or not meta.swap_in or layer_name in self._loaded:
+            return
+        ev = self._events.pop(layer_name, None)
+        if ev is not None:
+            ev.wait(torch.cuda.current_stream())
+        else:
+            self._ensure_host(meta.host_slots)
+            self._copy(layer_name, meta.swap_in, to_host=False)
+        self._loaded.add(layer_name)
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
+        meta = self._meta()
+        if meta is None or not meta.swap_out or layer_name in self._saved:
+            return
+        self._ensure_host(meta.host_slots)
+        if self._stream is not None:
+            self._stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self._stream):
+                self._copy(layer_name, meta.swap_out, to_host=True)
+        else:
+            self._copy(layer_name, meta.swap_out, to_host=True)
+        self._saved.add(layer_name)
+
+    def wait_for_save(self) -> None:
+        meta = self._meta()
+        if meta is not None:
+            self._ensure_host(meta.host_slots)
+            # A step without a forward pass (or layers without the hooks) still moves everything.
+            for name in self.kv:
+                if meta.swap_in and name not in self._loaded:
+                    self.wait_for_layer_load(name)
+                if meta.swap_out and name not in self._saved:
+                    self.save_kv_layer(name, self.kv[name], None)
+        if self._stream is not None:
+            self._stream.synchronize()
+        self._loaded.clear()
+        self._saved.clear()

@@ -1,0 +1,107 @@
+"""Swap for real: a paused request's KV goes to the host buffer, its device blocks are reused by
+other requests, and the swap-in restores it exactly (swap and infercept policies)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from engine_adapter.engine import InterceptEngine, Session, TurnEnd
+from tests.conftest import TINY_KV_BLOCKS, tiny_config
+
+PROMPT = (
+    "You are an agent in a text world. You can search, open doors and count things. "
+    "Think step by step and use one tool per step.\nQuestion: is the kitchen door open?\nThought:"
+)
+
+
+async def run_turn(session: Session, tokens: list[int] | str, max_tokens: int) -> TurnEnd:
+    end = None
+    async for ev in session.turn(tokens, max_tokens=max_tokens):
+        if isinstance(ev, TurnEnd):
+            end = ev
+    assert end is not None
+    return end
+
+
+async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -> None:
+    engine = policy_engine
+    if engine.config.policy not in ("swap", "infercept"):
+        pytest.skip("swap-capable policies only")
+    prompt = engine.encode(PROMPT)
+    a = engine.open_session()
+    first = await run_turn(a, prompt, max_tokens=12)
+
+    # Two other sessions that together need every KV block at once: A's old blocks must be reused.
+    block = (await engine.stats())["block_size"]
+    usable = TINY_KV_BLOCKS - 1
+    b_len, c_len = 15 * block - 8, (usable - 15) * block - 8
+    b, c = engine.open_session(), engine.open_session()
+    await asyncio.gather(
+        run_turn(b, [1000 + i % 500 for i in range(b_len)], max_tokens=8),
+        run_turn(c, [3000 + i % 700 for i in range(c_len)], max_tokens=8),
+    )
+    [rec] = await engine.intercepts(a.id)
+    assert rec["kv_fate"] == "swap", rec
+    counts = await engine.check_integrity()  # also: host buffer contents == what the scheduler expects
+    assert counts["host_tokens"] >= (len(prompt) + 11) // block * block
+
+    appended = engine.encode("\nObservation: the door is locked.\n")
+    resumed = await run_turn(a, appended, max_tokens=10)
+    ref_session = engine.open_session()
+    ref = await run_turn(ref_session, prompt + first.token_ids + appended, max_tokens=10)
+    assert resumed.token_ids == ref.token_ids
+
+    [rec] = [r for r in await engine.intercepts(a.id) if r["intercept_id"] == rec["intercept_id"]]
+    context = len(prompt) + 11
+    assert rec["restored_by"] == "swap"
+    assert rec["tokens_swapped_in"] == context // block * block
+    assert rec["tokens_recomputed"] == context % block  # the partial last block is recomputed
+
+    stats = await engine.stats()
+    assert stats["swap"]["tokens_in"] >= rec["tokens_swapped_in"]
+    # Per iteration, what moved stayed within that iteration's budget (block granularity: at least one
+    # block moves out per step; one whole context may come in when nothing else is loading).
+    budgets, moved = stats["swap"]["recent_budgets"], stats["swap"]["moved"]
+    assert len(budgets) == len(moved) > 0
+    for bud, mv in zip(budgets, moved):
+        assert mv["out"] + mv["in"] <= max(bud["limit"], block + engine.config.max_model_len)
+        assert mv["out"] <= max(bud["out"], block)
+        assert mv["in"] <= max(bud["in"], engine.config.max_model_len)
+    for s in (a, b, c, ref_session):
+        await s.close()
+    await asyncio.sleep(0.1)
+    counts = await engine.check_integrity()
+    assert counts["free"] == counts["total"] and counts["host_tokens"] == 0, counts
+
+
+async def test_full_swap_space_falls_back_to_discard() -> None:
+    # Room for exactly one block on the host (block_size 32, 1 KiB of KV per token, tiny model).
+    one_block_gib = 32 * 1024 / 2**30
+    engine = InterceptEngine(tiny_config("swap", swap_space_gib=one_block_gib))
+    await engine.start()
+    try:
+        prompt = engine.encode(PROMPT)
+        sessions = [engine.open_session() for _ in range(3)]
+        firsts = [await run_turn(s, prompt, max_tokens=12) for s in sessions]
+        assert 32 <= len(prompt) + 11 < 64  # one full block per context
+        stats = await engine.stats()
+        assert stats["swap"]["host_slots"] == 1
+        fates = [r["kv_fate"] for s in sessions for r in await engine.intercepts(s.id)]
+        # The first pause takes the whole host buffer (its copy starts with the next step, so it may
+        # still be on its way); the later ones fall back to discard.
+        assert fates[1:] == ["discard", "discard"], fates
+        assert stats["swap"]["fallbacks"] == 2
+        appended = engine.encode("\nObservation: ok.\n")
+        for s, f in zip(sessions, firsts):
+            resumed = await run_turn(s, appended, max_tokens=6)
+            ref = engine.open_session()
+            assert resumed.token_ids == (await run_turn(ref, prompt + f.token_ids + appended, 6)).token_ids
+            await ref.close()
+            await s.close()
+        await asyncio.sleep(0.1)
+        counts = await engine.check_integrity()
+        assert counts["free"] == counts["total"] and counts["host_tokens"] == 0
+    finally:
+        await engine.shutdown()
