@@ -83,6 +83,24 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
     return 0 if result["ratio_of_medians"] > 0 else 1
 
 
+def _cmd_profile(args: argparse.Namespace) -> int:
+    from engine_adapter.policy.profile import profile_path
+    from engine_adapter.profiler import run_profile
+
+    grid = tuple(int(x) for x in args.grid.split(","))
+    if not grid or any(n < 1 for n in grid) or list(grid) != sorted(set(grid)):
+        print("error: --grid must be increasing positive token counts, e.g. 16,64,256", file=sys.stderr)
+        return 2
+    out = Path(args.out) if args.out else None
+    if out is None:
+        import torch
+
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        out = profile_path(DEFAULT_CONFIG.parent / "profiles", args.model, device)
+    asyncio.run(run_profile(args.model, args.dtype, grid, args.repeats, out))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="infercept", description="Serving for tool-using LLM agents (InferCept on vLLM)")
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -104,6 +122,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int)
     serve.add_argument("--once", action="store_true", help="exit after the readiness check")
     serve.set_defaults(func=lambda a: asyncio.run(_serve(a)))
+
+    prof = sub.add_parser("profile", help="measure T_fwd, S, M and swap bandwidth; write a JSON profile")
+    prof.add_argument("--model", default="default")
+    prof.add_argument("--dtype", default="bfloat16")
+    prof.add_argument("--grid", default="16,32,64,128,256,384,512,768,1024,1536,2048")
+    prof.add_argument("--repeats", type=int, default=3)
+    prof.add_argument("--out", help="default: configs/profiles/<model>-<device>.json (the engine loads it)")
+    prof.set_defaults(func=_cmd_profile)
 
     bench = sub.add_parser("bench-overhead", help="stock vLLM vs the intercept engine, no intercepts")
     bench.add_argument("--model", default="default")

@@ -107,6 +107,7 @@ class InterceptScheduler(Scheduler):
         self._ic_host_expect: dict[str, int] = {}  # request id -> context tokens it keeps on the host
         self._ic_profile: Profile | None = None
         self._ic_estimator: DurationEstimator | None = None
+        self._ic_last_step: tuple[float, int] | None = None
         if self._ic_policy.spec.uses_swap:
             self._ic_init_swap()
         logger.info(
@@ -339,7 +340,17 @@ class InterceptScheduler(Scheduler):
                     self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
         if self._ic_swap is not None:
             self._ic_swap.last_batch_tokens = max(1, out.total_num_scheduled_tokens)
+        self._ic_last_step = (time.monotonic(), out.total_num_scheduled_tokens)
         return out
+
+    def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        if self._ic_profile is not None and self._ic_last_step is not None:
+            # schedule() returned -> the model ran -> its output is here: one iteration's real time.
+            t0, tokens = self._ic_last_step
+            self._ic_last_step = None
+            if tokens:
+                self._ic_profile.observe(tokens, time.monotonic() - t0)
+        return super().update_from_output(scheduler_output, model_runner_output)
 
     # ------------------------------------------------------------------ swap (swap, infercept)
     def _ic_swap_settle(self, now: float) -> None:
@@ -522,6 +533,7 @@ class InterceptScheduler(Scheduler):
             "host_tokens": sw.conn.host_tokens(),
             "profile": self._ic_profile.source if self._ic_profile else None,
             "saturation_tokens": self._ic_profile.saturation_tokens if self._ic_profile else None,
+            "t_fwd_refinement": dict(self._ic_profile._ratios) if self._ic_profile else None,
             "kv_bytes_per_token": sw.conn.kv_bytes_per_token,
             "recent_budgets": [{"limit": n, "out": o, "in": i} for n, o, i in hist[-256:]],
             "moved": [{"out": o, "in": i} for o, i in list(sw.moved_history)[-256:]],

@@ -26,6 +26,9 @@ class Profile:
     swap_in_bytes_per_s: float
     source: str = "measured"  # or "defaults: <why>"
     extra: Mapping[str, Any] = field(default_factory=dict)
+    # Online refinement (beyond the paper): observed/predicted iteration-time ratio per grid point,
+    # learned from the iterations the engine really runs. Mutable contents, not part of equality.
+    _ratios: dict[int, float] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if len(self.fwd_tokens) != len(self.fwd_seconds) or not self.fwd_tokens:
@@ -39,9 +42,27 @@ class Profile:
         if self.saturation_tokens < 1:
             raise ValueError("profile: saturation point must be >= 1 token")
 
+    def _bucket(self, tokens: float) -> int:
+        return min(self.fwd_tokens, key=lambda x: abs(math.log(x) - math.log(max(tokens, 1e-9))))
+
+    def observe(self, tokens: int, seconds: float, weight: float = 0.05) -> None:
+        """Fold one measured iteration (tokens scheduled, wall seconds) into the refinement."""
+        if tokens <= 0 or not (0 < seconds < 60):
+            return
+        predicted = self._t_fwd_base(tokens)
+        b = self._bucket(tokens)
+        old = self._ratios.get(b, 1.0)
+        self._ratios[b] = (1 - weight) * old + weight * (seconds / predicted)
+
     def t_fwd_s(self, tokens: float) -> float:
         """Forward time of an iteration with `tokens` query tokens: linear between measured points,
-        extrapolated linearly past the last one (and proportionally below the first)."""
+        extrapolated linearly past the last one (and proportionally below the first), scaled by what
+        the engine has observed near that size."""
+        if tokens <= 0:
+            return 0.0
+        return self._t_fwd_base(tokens) * self._ratios.get(self._bucket(tokens), 1.0)
+
+    def _t_fwd_base(self, tokens: float) -> float:
         if tokens <= 0:
             return 0.0
         xs, ys = self.fwd_tokens, self.fwd_seconds
@@ -63,6 +84,7 @@ class Profile:
 
     def to_json(self) -> str:
         d = asdict(self)
+        d.pop("_ratios", None)
         d["fwd_tokens"], d["fwd_seconds"] = list(self.fwd_tokens), list(self.fwd_seconds)
         d["extra"] = dict(self.extra)
         return json.dumps(d, indent=2)

@@ -141,3 +141,12 @@ def test_estimators() -> None:
     assert pri.remaining_s("qa", 0.0) == pytest.approx(5.0, rel=0.1)
     with pytest.raises(ValueError):
         DurationEstimator("magic")
+
+
+def test_online_refinement_scales_only_nearby_sizes() -> None:
+    p = Profile.from_dict(__import__("json").loads(P.to_json()))
+    for _ in range(200):
+        p.observe(1000, 0.2)  # the engine sees iterations of 1000 tokens take twice the profile
+    assert p.t_fwd_s(1000) == pytest.approx(0.2, rel=0.01)
+    assert p.t_fwd_s(100) == pytest.approx(0.010)  # the other grid point is untouched
+    assert p == P and "_ratios" not in p.to_json()  # refinement is runtime state, not profile data

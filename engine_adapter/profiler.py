@@ -1,0 +1,141 @@
+"""`infercept profile`: measure the performance model on the machine at hand and write it as JSON.
+
+* T_fwd over a grid of batched-token counts: one prompt of N tokens with max_tokens=1 is one iteration
+  of N query tokens (chunked prefill budget >= N, prefix caching off); the time to its first token,
+  minus the same for a 1-token prompt (fixed per-request overhead), is T_fwd(N). Median of repeats.
+* Decode steps for batch shapes that matter (B concurrent requests at a given context): recorded in
+  `extra` for reference; the waste equations use the prefill grid.
+* S, the saturation point: the smallest N whose time per token is within 5% of the best.
+* M, KV bytes per token: from the model config (2 x layers x KV heads x head size x dtype bytes).
+* Swap bandwidth out and in: the swap connector's own copy code (`index_select` / `index_copy_` of
+  whole blocks between a KV-shaped tensor on the device and a host buffer, pinned on CUDA), timed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from engine_adapter.config import EngineConfig
+from engine_adapter.engine import InterceptEngine, TurnEnd
+from engine_adapter.policy.profile import Profile, kv_bytes_per_token, saturation_point
+
+DEFAULT_GRID = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)
+
+
+async def _ttft(engine: InterceptEngine, n_tokens: int, seed: int) -> float:
+    s = engine.open_session(max_tokens=1)
+    ids = [1000 + (seed * 7919 + i * 31) % 30000 for i in range(n_tokens)]
+    t0 = time.perf_counter()
+    try:
+        async for ev in s.turn(ids):
+            if isinstance(ev, TurnEnd):
+                break
+        return time.perf_counter() - t0
+    finally:
+        await s.close()
+
+
+async def _decode_step_s(engine: InterceptEngine, batch: int, context: int, steps: int = 16) -> float:
+    sessions = [engine.open_session(max_tokens=steps + 1, ignore_eos=True) for _ in range(batch)]
+    stamps: list[list[float]] = [[] for _ in range(batch)]
+
+    async def one(i: int) -> None:
+        ids = [2000 + (i * 13 + j * 17) % 30000 for j in range(context)]
+        async for ev in sessions[i].turn(ids):
+            stamps[i].append(time.perf_counter())
+
+    try:
+        await asyncio.gather(*(one(i) for i in range(batch)))
+    finally:
+        for s in sessions:
+            await s.close()
+    gaps = [b - a for st in stamps for a, b in zip(st[1:-1], st[2:-1])]
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int = 64, repeats: int = 5) -> tuple[float, float]:
+    """(out, in) bytes/s of the connector's block copies on this machine's device."""
+    import torch
+
+    from engine_adapter.swap_connector import copy_blocks
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dev = torch.randn((blocks * 2, *block_shape), dtype=torch.float32).to(dtype).to(device)
+    host = torch.zeros((blocks, *block_shape), dtype=dtype, pin_memory=device == "cuda")
+    pairs = [(i * 2, i) for i in range(blocks)]  # every other device block: a scattered request
+    nbytes = host.numel() * host.element_size()
+
+    def timed(to_host: bool) -> float:
+        times = []
+        for _ in range(repeats):
+            if device == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            copy_blocks(dev, host, 0, pairs, to_host=to_host)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - t0)
+        return nbytes / statistics.median(times)
+
+    timed(True)  # warm-up
+    return timed(True), timed(False)
+
+
+async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: int, out: Path | None) -> Profile:
+    from transformers import AutoConfig
+
+    cfg = EngineConfig(model=model, dtype=dtype, policy="preserve", max_model_len=max(grid) + 64,
+                       max_num_batched_tokens=max(grid) + 64, max_num_seqs=64)
+    engine = InterceptEngine(cfg)
+    await engine.start()
+    try:
+        await _ttft(engine, 8, 0)  # warm-up
+        base = statistics.median([await _ttft(engine, 1, r) for r in range(repeats)])
+        fwd: list[float] = []
+        for n in grid:
+            t = statistics.median([await _ttft(engine, n, r) for r in range(repeats)])
+            fwd.append(max(t - base, 1e-6) if n > 1 else t)
+            print(f"T_fwd({n:5d} tokens) = {fwd[-1] * 1000:8.2f} ms  ({fwd[-1] / n * 1e6:7.1f} us/token)", flush=True)
+        decode = {}
+        for batch in (1, 8, 32):
+            ctx = min(512, max(grid))
+            decode[f"batch{batch}_ctx{ctx}_s"] = await _decode_step_s(engine, batch, ctx)
+            print(f"decode step, batch {batch} at context {ctx}: {decode[f'batch{batch}_ctx{ctx}_s'] * 1000:.1f} ms", flush=True)
+        model_path = engine.model_path or model
+    finally:
+        await engine.shutdown()
+
+    import torch
+
+    hf = AutoConfig.from_pretrained(model_path)
+    head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
+    kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype, torch.bfloat16)
+    dtype_bytes = torch.tensor([], dtype=tdtype).element_size()
+    m = kv_bytes_per_token(hf.num_hidden_layers, kv_heads, head, dtype_bytes)
+    # One layer's block as vLLM's CPU and GPU backends lay it out (16 tokens of K and V).
+    out_bw, in_bw = measure_swap_bandwidth((kv_heads, 16, 2 * head), tdtype)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    print(f"M = {m} bytes/token; swap out {out_bw / 1e9:.2f} GB/s, in {in_bw / 1e9:.2f} GB/s ({device})")
+    prof = Profile(
+        model=Path(model_path).name,
+        device=device,
+        fwd_tokens=tuple(grid),
+        fwd_seconds=tuple(fwd),
+        saturation_tokens=saturation_point(grid, fwd),
+        kv_bytes_per_token=m,
+        swap_out_bytes_per_s=out_bw,
+        swap_in_bytes_per_s=in_bw,
+        source=f"measured by infercept profile on {time.strftime('%Y-%m-%d', time.gmtime())}",
+        extra={"decode": decode, "per_request_overhead_s": base, "dtype": dtype, "repeats": repeats},
+    )
+    print(f"saturation point S = {prof.saturation_tokens} tokens")
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(prof.to_json() + "\n")
+        print(f"wrote {out}")
+    return prof
