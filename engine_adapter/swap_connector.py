@@ -242,7 +242,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         for name, t in self.kv.items():
             shape = list(t.shape)
             shape[self.block_dim[name]] = slots
-            self.host_kv[name] = torch.zeros(shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            # empty, not zeros: slots are always written before they are read, and the OS then maps
+            # the (possibly large) buffer lazily instead of at the first swap.
+            self.host_kv[name] = torch.empty(shape, dtype=t.dtype, pin_memory=t.is_cuda)
 
     def _meta(self) -> SwapMeta | None:
         if not self.has_connector_metadata():
