@@ -108,11 +108,11 @@ class Ledger:
         self.totals.resumed += 1
         return rec
 
-    def recomputed(self, request_id: str, prefix_hit_tokens: int) -> None:
+    def recomputed(self, request_id: str, prefix_hit_tokens: int) -> InterceptRecord | None:
         """First schedule after a resume whose KV had been released."""
         rec = self.open.pop(request_id, None)
         if rec is None:
-            return
+            return None
         hit = min(prefix_hit_tokens, rec.context_tokens)
         rec.tokens_prefix_hit = hit
         rec.tokens_recomputed = rec.context_tokens - hit
@@ -121,18 +121,20 @@ class Ledger:
         )
         self.totals.recomputed_tokens += rec.tokens_recomputed
         self.totals.prefix_hit_tokens += hit
+        return rec
 
-    def swapped_in(self, request_id: str, tokens: int) -> None:
+    def swapped_in(self, request_id: str, tokens: int) -> InterceptRecord | None:
         """First schedule after a resume whose KV came back from the host buffer."""
         rec = self.open.pop(request_id, None)
         if rec is None:
-            return
+            return None
         rec.tokens_swapped_in = tokens
         rec.tokens_kept = tokens
         rec.tokens_recomputed = max(0, rec.context_tokens - tokens)
         rec.restored_by = "swap"
         self.totals.swapped_in_tokens += tokens
         self.totals.recomputed_tokens += rec.tokens_recomputed
+        return rec
 
     def close(self, request_id: str, now_s: float) -> None:
         rec = self.open.pop(request_id, None)
@@ -168,3 +170,55 @@ class BlockCounts:
 
     def to_dict(self) -> dict[str, int]:
         return {"total": self.total, "free": self.free, "running": self.running, "preserved": self.preserved}
+
+
+@dataclass
+class WasteMeter:
+    """Measured memory waste by kind, in token-seconds (x M bytes = byte-seconds; / 1e9 / 60 = GB-min).
+
+    * preserved idle: paused contexts held in the cache (from the Ledger's spans);
+    * recompute: every iteration's share spent recomputing discarded context, times all the KV that
+      sat resident meanwhile (the measured counterpart of Eq. 1 / Eq. 4);
+    * swap stall: the time swap copies add to an iteration (the copy time not hidden behind the
+      forward pass; estimated from the profile's bandwidth), times the resident KV.
+    """
+
+    kv_bytes_per_token: int
+    forward_s: float = 0.0
+    recompute_forward_s: float = 0.0
+    recompute_token_s: float = 0.0
+    swap_stall_s: float = 0.0
+    swap_stall_token_s: float = 0.0
+    iterations: int = 0
+
+    def iteration(self, seconds: float, scheduled_tokens: int, recompute_tokens: int, resident_tokens: int,
+                  swap_stall_s: float = 0.0) -> None:
+        if seconds <= 0 or scheduled_tokens <= 0:
+            return
+        self.iterations += 1
+        self.forward_s += seconds
+        share = seconds * min(recompute_tokens, scheduled_tokens) / scheduled_tokens
+        self.recompute_forward_s += share
+        self.recompute_token_s += share * resident_tokens
+        stall = min(max(0.0, swap_stall_s), seconds)
+        self.swap_stall_s += stall
+        self.swap_stall_token_s += stall * resident_tokens
+
+    def gb_min(self, token_s: float) -> float:
+        return token_s * self.kv_bytes_per_token / 1e9 / 60
+
+    def snapshot(self, preserved_token_s: float) -> dict[str, Any]:
+        kinds = {
+            "preserved_idle": preserved_token_s,
+            "recompute": self.recompute_token_s,
+            "swap_stall": self.swap_stall_token_s,
+        }
+        return {
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "by_kind": {k: {"token_s": v, "gb_min": self.gb_min(v)} for k, v in kinds.items()},
+            "forward_s": self.forward_s,
+            "recompute_forward_s": self.recompute_forward_s,
+            "recompute_share_of_forward": self.recompute_forward_s / self.forward_s if self.forward_s else 0.0,
+            "swap_stall_s": self.swap_stall_s,
+            "iterations": self.iterations,
+        }

@@ -41,7 +41,7 @@ from vllm.v1.core.sched.utils import check_stop
 from vllm.v1.engine.core import EngineCore
 from vllm.v1.request import Request, RequestStatus
 
-from engine_adapter.accounting import BlockCounts, Ledger
+from engine_adapter.accounting import BlockCounts, Ledger, WasteMeter
 from engine_adapter.config import CoreConfig
 from engine_adapter.hints import TURN_END_KEY, parse_hints
 from engine_adapter.policy import Action, PausedView, make_policy
@@ -108,6 +108,13 @@ class InterceptScheduler(Scheduler):
         self._ic_profile: Profile | None = None
         self._ic_estimator: DurationEstimator | None = None
         self._ic_last_step: tuple[float, int] | None = None
+        # Context tokens each resumed request still has to recompute (counted as they are scheduled).
+        self._ic_recomputing: dict[str, int] = {}
+        self._ic_step_swap_tokens = (0, 0)  # (out, in) planned for the step in flight
+        self._ic_kv_bytes_per_token = sum(
+            len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in self.kv_cache_config.kv_cache_groups
+        ) // self.block_size
+        self._ic_waste = WasteMeter(self._ic_kv_bytes_per_token)
         if self._ic_policy.spec.uses_swap:
             self._ic_init_swap()
         logger.info(
@@ -309,6 +316,7 @@ class InterceptScheduler(Scheduler):
         self._ic_paused.pop(rid, None)
         self._ic_recompute_pending.discard(rid)
         self._ic_cancel_swap(rid)
+        self._ic_recomputing.pop(rid, None)
         self._ic_ledger.close(rid, time.monotonic())
         sid = parse_hints(request.kv_hints).session_id
         if sid is not None and self._ic_sessions.get(sid) == rid:
@@ -332,25 +340,56 @@ class InterceptScheduler(Scheduler):
         if self._ic_recompute_pending or (self._ic_swap is not None and self._ic_swap.q.armed):
             armed = self._ic_swap.q.armed if self._ic_swap is not None else set()
             for new in out.scheduled_new_reqs:
+                rec = None
                 if new.req_id in armed:
                     armed.discard(new.req_id)
-                    self._ic_ledger.swapped_in(new.req_id, new.num_computed_tokens)
+                    rec = self._ic_ledger.swapped_in(new.req_id, new.num_computed_tokens)
                 elif new.req_id in self._ic_recompute_pending:
                     self._ic_recompute_pending.discard(new.req_id)
-                    self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
+                    rec = self._ic_ledger.recomputed(new.req_id, new.num_computed_tokens)
+                if rec is not None and rec.tokens_recomputed:
+                    self._ic_recomputing[new.req_id] = rec.tokens_recomputed
         if self._ic_swap is not None:
             self._ic_swap.last_batch_tokens = max(1, out.total_num_scheduled_tokens)
         self._ic_last_step = (time.monotonic(), out.total_num_scheduled_tokens)
+        if self._ic_swap is not None and self._ic_swap.moved_history:
+            self._ic_step_swap_tokens = self._ic_swap.moved_history[-1]
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
-        if self._ic_profile is not None and self._ic_last_step is not None:
+        if self._ic_last_step is not None:
             # schedule() returned -> the model ran -> its output is here: one iteration's real time.
             t0, tokens = self._ic_last_step
             self._ic_last_step = None
-            if tokens:
-                self._ic_profile.observe(tokens, time.monotonic() - t0)
+            self._ic_meter_iteration(scheduler_output, tokens, time.monotonic() - t0)
         return super().update_from_output(scheduler_output, model_runner_output)
+
+    def _ic_meter_iteration(self, out: SchedulerOutput, tokens: int, seconds: float) -> None:
+        if not tokens:
+            return
+        if self._ic_profile is not None:
+            self._ic_profile.observe(tokens, seconds)
+        recompute = 0
+        for rid, n in out.num_scheduled_tokens.items():
+            left = self._ic_recomputing.get(rid)
+            if left:
+                take = min(n, left)
+                recompute += take
+                if left - take > 0:
+                    self._ic_recomputing[rid] = left - take
+                else:
+                    del self._ic_recomputing[rid]
+        pool = self.kv_cache_manager.block_pool
+        resident = (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * self.block_size
+        stall = 0.0
+        if self._ic_profile is not None:
+            moved_out, moved_in = self._ic_step_swap_tokens
+            copy_s = self._ic_profile.t_swap_out_s(moved_out) + self._ic_profile.t_swap_in_s(moved_in)
+            # CPU copies share the cores with the forward pass; on CUDA they run on a side stream
+            # and only what outlasts the iteration's compute stalls it.
+            stall = copy_s if self._ic_profile.device == "cpu" else max(0.0, copy_s - (seconds - copy_s))
+        self._ic_step_swap_tokens = (0, 0)
+        self._ic_waste.iteration(seconds, tokens, recompute, resident, stall)
 
     # ------------------------------------------------------------------ swap (swap, infercept)
     def _ic_swap_settle(self, now: float) -> None:
@@ -511,7 +550,9 @@ class InterceptScheduler(Scheduler):
         return {
             "policy": self._ic_policy.name,
             "block_size": self.block_size,
-            "blocks": counts.to_dict(),
+            # Device blocks by state, plus the blocks' worth of KV now in the host buffer.
+            "blocks": counts.to_dict() | {"swapped_to_host": sum(
+                len(hc.slots) for hc in self._ic_swap.conn.host.values()) if self._ic_swap else 0},
             "totals": self._ic_ledger.snapshot(now),
             "paused": len(self._ic_paused),
             "paused_preserved": sum(p.preserved for p in self._ic_paused.values()),
@@ -519,6 +560,7 @@ class InterceptScheduler(Scheduler):
             "waiting": len(self.waiting) + len(self.kv_holding_waiting) - len(self._ic_paused),
             "engine_time_s": now,
             "swap": self._ic_swap_stats(),
+            "waste": self._ic_waste.snapshot(self._ic_ledger.snapshot(now)["preserved_token_seconds"]),
         }
 
     def _ic_swap_stats(self) -> dict[str, Any] | None:

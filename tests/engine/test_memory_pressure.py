@@ -53,6 +53,16 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
         assert totals["demoted"] + totals["ttl_expired"] > 0
     if engine.config.policy in ("swap", "infercept"):
         assert totals["swapped_out"] > 0 and totals["swapped_in_tokens"] > 0
+    # Memory waste by kind, measured over the real iterations.
+    waste = stats["waste"]
+    kinds = waste["by_kind"]
+    assert waste["forward_s"] > 0 and 0 <= waste["recompute_share_of_forward"] <= 1
+    if totals["recomputed_tokens"] > 0:
+        assert waste["recompute_forward_s"] > 0 and kinds["recompute"]["gb_min"] > 0
+    if engine.config.policy in ("preserve", "ttl"):
+        assert kinds["preserved_idle"]["token_s"] > 0
+    if engine.config.policy in ("swap", "infercept"):
+        assert kinds["swap_stall"]["token_s"] > 0  # CPU copies share the cores with the forward
     for s in sessions:
         await s.close()
     await asyncio.sleep(0.1)

@@ -38,3 +38,19 @@ def test_integrity_check() -> None:
     BlockCounts(total=10, free=5, running=3, preserved=2).check()
     with pytest.raises(AssertionError, match="integrity"):
         BlockCounts(total=10, free=5, running=3, preserved=1).check()
+
+
+def test_waste_meter_by_kind() -> None:
+    from engine_adapter.accounting import WasteMeter
+
+    m = WasteMeter(kv_bytes_per_token=1000)
+    # 0.2 s iteration: 100 of 400 tokens recompute, 3000 tokens resident, 0.05 s of swap stall.
+    m.iteration(0.2, scheduled_tokens=400, recompute_tokens=100, resident_tokens=3000, swap_stall_s=0.05)
+    m.iteration(0.1, scheduled_tokens=10, recompute_tokens=0, resident_tokens=3000)
+    snap = m.snapshot(preserved_token_s=6000.0)
+    assert snap["forward_s"] == pytest.approx(0.3)
+    assert snap["recompute_forward_s"] == pytest.approx(0.05)
+    assert snap["recompute_share_of_forward"] == pytest.approx(0.05 / 0.3)
+    assert snap["by_kind"]["recompute"]["token_s"] == pytest.approx(0.05 * 3000)
+    assert snap["by_kind"]["swap_stall"]["token_s"] == pytest.approx(0.05 * 3000)
+    assert snap["by_kind"]["preserved_idle"]["gb_min"] == pytest.approx(6000 * 1000 / 1e9 / 60)
