@@ -352,8 +352,8 @@ class InterceptScheduler(Scheduler):
         if self._ic_swap is not None:
             self._ic_swap.last_batch_tokens = max(1, out.total_num_scheduled_tokens)
         self._ic_last_step = (time.monotonic(), out.total_num_scheduled_tokens)
-        if self._ic_swap is not None and self._ic_swap.moved_history:
-            self._ic_step_swap_tokens = self._ic_swap.moved_history[-1]
+        if self._ic_swap is not None:
+            self._ic_step_swap_tokens = self._ic_swap.record_step()
         return out
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:

@@ -4,20 +4,20 @@ Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"
 `kv_connector_module_path="engine_adapter.swap_connector"`), one instance per role:
 
 * scheduler role (in the engine core, next to `InterceptScheduler`): owns the host buffer's slot map
-  (one slot = one KV block, all layers). The scheduler plans copies (`plan_swap_out`, and swap-ins
-  through vLLM's own `get_num_new_matched_tokens` / `update_state_after_alloc` path, which allocates
-  the destination blocks); `build_connector_meta` ships each step's copy list to the worker.
+  (one slot = one KV block, all layers). The scheduler plans swap-outs (`plan_swap_out`); swap-ins go
+  through vLLM's asynchronous KV-load path: `get_num_new_matched_tokens` answers (tokens, async) for an
+  armed request, vLLM allocates its blocks and parks it in WAITING_FOR_REMOTE_KVS, and the connector
+  ships its blocks over as many steps as the per-step swap-in budget needs (`in_budget_blocks`);
+  the worker reports it loaded after its last chunk. `build_connector_meta` ships each step's copies.
 * worker role (next to the model runner): holds the real KV tensors (`register_kv_caches`) and a host
-  buffer per layer, and moves blocks layer by layer inside the forward pass: swap-in of layer L in
-  `wait_for_layer_load(L)` (just before layer L's attention reads it), swap-out of layer L in
-  `save_kv_layer(L)` (after layer L's attention, overlapping the next layers' compute). On CUDA the
-  copies run on a side stream with pinned host memory and per-layer events; `wait_for_save` is the
-  barrier. A step without a forward pass (nothing scheduled) copies every layer in `wait_for_save`.
+  buffer per layer. Swap-out moves layer L in `save_kv_layer(L)`, right after layer L's attention, so
+  the copy overlaps the remaining layers' compute; swap-in chunks are copied in `start_load_kv`, which
+  vLLM calls after launching the forward for asynchronous loads (the loading request does not compute
+  in that step). On CUDA all copies run on a side stream with pinned host memory; `wait_for_save` is
+  the barrier before the step reports. A step without a forward pass copies everything there.
 
 Only full blocks travel: a context's partial last block (< block_size tokens) is recomputed at the
-resume. That keeps the copy layout-agnostic (whole blocks along the block dimension) and means a
-swap-in never writes into a block that the step's forward also writes (vLLM writes the new tokens'
-KV before the attention hook that waits for the layer's load).
+resume. That keeps the copy layout-agnostic (whole blocks along the block dimension).
 
 Safety: a swapped-out block stays owned by its paused request until the step that copied it has
 finished; the scheduler frees it only in a later step. A swapped-in block is written before any layer
@@ -31,8 +31,10 @@ page_size_bytes}`, the worker's per-layer KV tensors (the block dimension is fou
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+from collections import deque
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -64,6 +66,7 @@ class SwapMeta(KVConnectorMetadata):
     # (device block id, host slot) pairs
     swap_out: list[tuple[int, int]] = field(default_factory=list)
     swap_in: list[tuple[int, int]] = field(default_factory=list)
+    loads_done: list[str] = field(default_factory=list)  # requests whose last chunk is in this step
 
 
 @dataclass
@@ -116,9 +119,12 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         )
         self.slots = SlotPool(max(0, self.swap_space_bytes // max(1, self.block_bytes)))
         self.host: dict[str, HostCopy] = {}  # request id -> its host copy
-        self._pending_in: dict[str, int] = {}  # request id -> tokens to load this step
+        self._pending_in: dict[str, int] = {}  # armed: request id -> tokens vLLM should allocate for
+        self._loading: dict[str, deque[tuple[int, int]]] = {}  # allocated: (block, slot) still to copy
+        self._abandoned: list[str] = []  # closed while loading: vLLM frees their blocks once reported
+        self.in_budget_blocks = 0  # set by the scheduler every step
+        self.last_in_blocks = 0  # what the last built step moved in
         self._out: list[tuple[int, int]] = []
-        self._in: list[tuple[int, int]] = []
         self.stats = {"tokens_out": 0, "tokens_in": 0, "blocks_out": 0, "blocks_in": 0, "fallbacks": 0}
 
     @property
@@ -163,6 +169,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if hc is not None:
             self.slots.give(hc.slots)
         self._pending_in.pop(request_id, None)
+        self._loading.pop(request_id, None)
 
     def host_tokens(self) -> int:
         return sum(hc.tokens for hc in self.host.values())
@@ -171,10 +178,15 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         """The next prefix-cache lookup of this request should load its host copy."""
         self._pending_in[request_id] = self.host[request_id].tokens
 
+    def loading_blocks(self) -> int:
+        """Blocks allocated on the device and still to be copied in (the swap-in pipeline)."""
+        return sum(len(q) for q in self._loading.values())
+
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int | None, bool]:
         rid = request.request_id
         if rid in self._pending_in:
-            return max(0, self._pending_in[rid] - num_computed_tokens), False  # loaded within the step
+            n = max(0, self._pending_in[rid] - num_computed_tokens)
+            return n, n > 0  # asynchronous: copied over the next steps within the swap-in budget
         hc = self.host.get(rid)
         if hc is not None and hc.copied_blocks != -1:
             return None, False  # its KV is on the host and not yet armed: ask again next step
@@ -188,13 +200,8 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         block_ids = blocks.get_block_ids()[0]
         n = len(hc.slots)
         assert len(block_ids) >= n, "vLLM allocated fewer blocks than the swapped context needs"
-        self._in.extend(zip(block_ids[:n], hc.slots[:n]))
-        self.stats["blocks_in"] += n
-        self.stats["tokens_in"] += hc.tokens
+        self._loading[rid] = deque(zip(block_ids[:n], hc.slots[:n]))
         del self._pending_in[rid]
-        # The slots are read by the worker during this step's forward; they return to the pool when
-        # the scheduler confirms the restore (next step), see `restored`.
-        hc.copied_blocks = -1
 
     def restored(self) -> list[str]:
         """Requests whose swap-in was executed in the previous step: release their host slots."""
@@ -204,11 +211,38 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         return done
 
     def build_connector_meta(self, scheduler_output: SchedulerOutput) -> KVConnectorMetadata:
-        meta = SwapMeta(host_slots=self.slots.num_slots, swap_out=self._out, swap_in=self._in)
-        self._out, self._in = [], []
+        swap_in: list[tuple[int, int]] = []
+        done: list[str] = []
+        budget = self.in_budget_blocks
+        if budget == 0 and self._loading:
+            budget = 1  # a budget under one block still moves one, so loads always finish
+        for rid in list(self._loading):  # FCFS: in the order the requests were allocated
+            q = self._loading[rid]
+            while q and budget > 0:
+                swap_in.append(q.popleft())
+                budget -= 1
+            if not q:
+                del self._loading[rid]
+                done.append(rid)
+                hc = self.host[rid]
+                self.stats["tokens_in"] += hc.tokens
+                # Its slots are read during this step; `restored` returns them to the pool next step.
+                hc.copied_blocks = -1
+            if budget == 0:
+                break
+        self.stats["blocks_in"] += len(swap_in)
+        self.last_in_blocks = len(swap_in)
+        meta = SwapMeta(
+            host_slots=self.slots.num_slots, swap_out=self._out, swap_in=swap_in,
+            loads_done=done + self._abandoned,
+        )
+        self._out, self._abandoned = [], []
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
+        if request.request_id in self._loading:
+            # vLLM keeps its blocks until the worker reports the load finished: report it next step.
+            self._abandoned.append(request.request_id)
         self.drop(request.request_id)
         return False, None
 
@@ -218,9 +252,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self.block_dim: dict[str, int] = {}
         self.host_kv: dict[str, torch.Tensor] = {}
         self._stream: Any = None
-        self._events: dict[str, Any] = {}
-        self._loaded: set[str] = set()
         self._saved: set[str] = set()
+        self._loaded_step = False
+        self._done_loads: set[str] = set()
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         num_blocks = self._kv_cfg.num_blocks if self._kv_cfg is not None else None
@@ -250,7 +284,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if not self.has_connector_metadata():
             return None
         meta = self._get_connector_metadata()
-        return meta if isinstance(meta, SwapMeta) and (meta.swap_in or meta.swap_out) else None
+        if not isinstance(meta, SwapMeta) or not (meta.swap_in or meta.swap_out or meta.loads_done):
+            return None
+        return meta
 
     def _copy(self, name: str, pairs: list[tuple[int, int]], to_host: bool) -> None:
         if _DEBUG:
@@ -259,64 +295,55 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
-        self._loaded.clear()
         self._saved.clear()
-        self._events.clear()
+        self._loaded_step = False
+
+    def _side(self) -> Any:
+        """Context for issuing copies: the side stream on CUDA (ordered after the work so far)."""
+        if self._stream is None:
+            return contextlib.nullcontext()
+        self._stream.wait_stream(torch.cuda.current_stream())
+        return torch.cuda.stream(self._stream)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._meta()
-        if meta is None:
+        if meta is None or self._loaded_step:
             return
-        self._ensure_host(meta.host_slots)
-        if meta.swap_in and self._stream is not None:
-            # Issue every layer's copy on the side stream now; each layer waits only for its own.
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
+        self._loaded_step = True
+        if meta.swap_in:
+            self._ensure_host(meta.host_slots)
+            with self._side():
                 for name in self.kv:
                     self._copy(name, meta.swap_in, to_host=False)
-                    ev = torch.cuda.Event()
-                    ev.record(self._stream)
-                    self._events[name] = ev
+        self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        meta = self._meta()
-        if meta is None or not meta.swap_in or layer_name in self._loaded:
-            return
-        ev = self._events.pop(layer_name, None)
-        if ev is not None:
-            ev.wait(torch.cuda.current_stream())
-        else:
-            self._ensure_host(meta.host_slots)
-            self._copy(layer_name, meta.swap_in, to_host=False)
-        self._loaded.add(layer_name)
+        return  # loads are asynchronous: the loading request does not compute in this step
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         meta = self._meta()
         if meta is None or not meta.swap_out or layer_name in self._saved:
             return
         self._ensure_host(meta.host_slots)
-        if self._stream is not None:
-            self._stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(self._stream):
-                self._copy(layer_name, meta.swap_out, to_host=True)
-        else:
+        with self._side():
             self._copy(layer_name, meta.swap_out, to_host=True)
         self._saved.add(layer_name)
 
     def wait_for_save(self) -> None:
         meta = self._meta()
         if meta is not None:
-            self._ensure_host(meta.host_slots)
             # A step without a forward pass (or layers without the hooks) still moves everything.
             for name in self.kv:
-                if meta.swap_in and name not in self._loaded:
-                    self.wait_for_layer_load(name)
                 if meta.swap_out and name not in self._saved:
                     self.save_kv_layer(name, self.kv[name], None)
+            self.start_load_kv(None)
         if self._stream is not None:
             self._stream.synchronize()
-        self._loaded.clear()
-        self._saved.clear()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        # Called after wait_for_save in the same step: this step's copies are complete.
+        done, self._done_loads = self._done_loads, set()
+        return None, (done or None)
 
 
 def copy_blocks(dev: torch.Tensor, host: torch.Tensor, dim: int, pairs: list[tuple[int, int]], to_host: bool) -> None:

@@ -5,8 +5,9 @@ States of a paused request's KV (the scheduler's `Paused.swap`):
     None ──reserve──> "out" ──last blocks copied──> "out-done" ──next step──> "swapped"
       ^                 │  (resumed or demoted: cancel, drop host copy)          │ resumed
       └─────────────────┘                                                       v
-                                           waiting queue, connector returns None (not yet armed)
-                                           ──armed within the swap-in budget──> loaded in one step
+                      waiting queue, the connector answers None (not yet armed)
+                      ──armed──> vLLM allocates its blocks (WAITING_FOR_REMOTE_KVS)
+                      ──chunks within each step's swap-in budget──> loaded, scheduled as usual
 
 Per iteration the budget is the paper's swap limit N_i (tokens whose copy hides behind the forward
 pass of the previous iteration's batch), split between out and in (`split_swap_budget`). A request's
@@ -102,23 +103,29 @@ class SwapPlanner:
         self.conn.drop(request_id)
 
     def arm_in(self, budget_tokens: int) -> list[str]:
-        """Arm swapped requests for loading, FCFS, within the budget (one always, if none is in
-        flight, so that a context bigger than the budget still comes back)."""
+        """Set this step's swap-in budget and keep the load pipeline fed: arm swapped requests, FCFS,
+        while fewer blocks wait to be copied in than one step's budget moves. An armed request gets
+        its device blocks from vLLM and is copied in chunks of at most the budget per step."""
+        budget_blocks = budget_tokens // self.block_size
+        self.conn.in_budget_blocks = budget_blocks
+        pipeline = self.conn.loading_blocks() + sum(
+            len(self.conn.host[r].slots) for r in self.q.armed if r in self.conn.host
+        )
         armed = []
-        while self.q.waiting_in:
-            rid = self.q.waiting_in[0]
-            tokens = self.conn.host[rid].tokens
-            if tokens > budget_tokens and (armed or self.q.armed):
-                break
-            self.q.waiting_in.popleft()
+        while self.q.waiting_in and pipeline < max(1, budget_blocks):
+            rid = self.q.waiting_in.popleft()
             self.conn.arm_swap_in(rid)
             self.q.armed.add(rid)
             armed.append(rid)
-            budget_tokens -= tokens
-        moved_in = sum(self.conn.host[r].tokens for r in armed)
-        self.moved_history.append((self._step_out_tokens, moved_in))
-        self._step_out_tokens = 0
+            pipeline += len(self.conn.host[rid].slots)
         return armed
+
+    def record_step(self) -> tuple[int, int]:
+        """(out, in) tokens this step's copies move; call after vLLM built the step."""
+        moved = (self._step_out_tokens, self.conn.last_in_blocks * self.block_size)
+        self.moved_history.append(moved)
+        self._step_out_tokens = 0
+        return moved
 
     def host_tokens_check(self, swapped_tokens_by_scheduler: int) -> None:
         """Integrity: the host buffer holds exactly what the scheduler believes is there."""
