@@ -7,7 +7,7 @@ engine-clock seconds (time.monotonic in the engine core).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any
 
 

@@ -41,7 +41,7 @@ class Workload:
     def prompts(self, encode: Any) -> list[list[int]]:
         rng = random.Random(self.seed)
         out = []
-        for i in range(self.requests):
+        for _ in range(self.requests):
             ids: list[int] = []
             while len(ids) < self.prompt_tokens:
                 ids += encode(" " + " ".join(rng.choices(WORDS, k=32)))

@@ -29,7 +29,7 @@ import math
 import os
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, EngineConfig

@@ -45,7 +45,7 @@ async def _decode_step_s(engine: InterceptEngine, batch: int, context: int, step
 
     async def one(i: int) -> None:
         ids = [2000 + (i * 13 + j * 17) % 30000 for j in range(context)]
-        async for ev in sessions[i].turn(ids):
+        async for _ in sessions[i].turn(ids):
             stamps[i].append(time.perf_counter())
 
     try:

@@ -436,7 +436,7 @@ class InterceptScheduler(Scheduler):
             costs.append(
                 PausedCost(
                     request_id=p.request.request_id,
-                    context_blocks=sw.blocks_for(ctx),
+                    context_blocks=ctx // self.block_size,  # only full blocks travel
                     waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
                     waste_discard=waste_chunked_discard_byte_s(prof, ctx, running_tokens, chunk),
                     swap_worthwhile=remaining > round_trip + prof.t_fwd_s(batch),

@@ -32,7 +32,6 @@ page_size_bytes}`, the worker's per-layer KV tensors (the block dimension is fou
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from collections import deque
 from dataclasses import dataclass, field

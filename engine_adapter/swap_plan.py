@@ -16,7 +16,6 @@ swap-out may span iterations; its device blocks are freed one step after its las
 
 from __future__ import annotations
 
-import math
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -43,9 +42,6 @@ class SwapPlanner:
         self.budget_history: deque[tuple[int, int, int]] = deque(maxlen=4096)  # (N, out, in) tokens
         self.moved_history: deque[tuple[int, int]] = deque(maxlen=4096)  # (out, in) tokens planned
         self._step_out_tokens = 0
-
-    def blocks_for(self, tokens: int) -> int:
-        return math.ceil(tokens / self.block_size)
 
     def budgets(self, want_out_tokens: int, device_free_blocks: int) -> tuple[int, int]:
         """(out, in) token budgets for this iteration."""

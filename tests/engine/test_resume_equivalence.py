@@ -7,7 +7,8 @@ import asyncio
 
 import pytest
 
-from engine_adapter.engine import InterceptEngine, Session, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from tests.engine.helpers import fresh_output, run_turn, wait_all_free
 
 TOOL_TEXTS = ["\nObservation: 4,096 results found.\n", "\nObservation: the door is locked.\n"]
 # Longer than two KV blocks (32 tokens each in the test engines), so prefix-cache hits are visible.
@@ -16,23 +17,6 @@ PROMPT = (
     "Think step by step and use one tool per step.\n"
     "Question: how many results are there for the word 'door', and is the kitchen door open?\nThought:"
 )
-
-
-async def run_turn(session: Session, tokens: list[int] | str, max_tokens: int) -> TurnEnd:
-    end = None
-    async for ev in session.turn(tokens, max_tokens=max_tokens):
-        if isinstance(ev, TurnEnd):
-            end = ev
-    assert end is not None
-    return end
-
-
-async def fresh_output(engine: InterceptEngine, context: list[int], max_tokens: int) -> list[int]:
-    s = engine.open_session()
-    try:
-        return (await run_turn(s, context, max_tokens)).token_ids
-    finally:
-        await s.close()
 
 
 async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> None:
@@ -89,8 +73,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
     else:
         assert first_rec["requeued_arrival_time"] == first_rec["arrival_time"]  # FCFS kept
 
-    await asyncio.sleep(0.1)
-    counts = await engine.check_integrity()
+    counts = await wait_all_free(engine)
     assert counts["free"] == counts["total"], counts
 
 
@@ -110,11 +93,7 @@ async def test_abort_mid_turn_frees_kv_and_session_continues(policy_engine: Inte
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    for _ in range(100):  # the abort reaches the engine core asynchronously
-        counts = await engine.check_integrity()
-        if counts["free"] == counts["total"]:
-            break
-        await asyncio.sleep(0.05)
+    counts = await wait_all_free(engine)  # the abort reaches the engine core asynchronously
     assert counts["free"] == counts["total"], counts
     # The session keeps its history and goes on in a new request over the whole context.
     kept = len(s.history)

@@ -8,15 +8,7 @@ import pytest
 
 from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, SessionBusy, SessionClosed, TurnEnd
 from tests.conftest import TINY_MAX_LEN
-
-
-async def wait_all_free(engine: InterceptEngine) -> dict[str, int]:
-    for _ in range(100):  # aborts reach the engine core asynchronously
-        counts = await engine.check_integrity()
-        if counts["free"] == counts["total"]:
-            return counts
-        await asyncio.sleep(0.05)
-    return counts
+from tests.engine.helpers import wait_all_free
 
 
 async def test_close_while_generating_aborts_and_frees(policy_engine: InterceptEngine) -> None:

@@ -7,22 +7,14 @@ import asyncio
 
 import pytest
 
-from engine_adapter.engine import InterceptEngine, Session, TurnEnd
+from engine_adapter.engine import InterceptEngine
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
+from tests.engine.helpers import fresh_output, run_turn, wait_all_free
 
 PROMPT = (
     "You are an agent in a text world. You can search, open doors and count things. "
     "Think step by step and use one tool per step.\nQuestion: is the kitchen door open?\nThought:"
 )
-
-
-async def run_turn(session: Session, tokens: list[int] | str, max_tokens: int) -> TurnEnd:
-    end = None
-    async for ev in session.turn(tokens, max_tokens=max_tokens):
-        if isinstance(ev, TurnEnd):
-            end = ev
-    assert end is not None
-    return end
 
 
 async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -> None:
@@ -49,9 +41,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
 
     appended = engine.encode("\nObservation: the door is locked.\n")
     resumed = await run_turn(a, appended, max_tokens=10)
-    ref_session = engine.open_session()
-    ref = await run_turn(ref_session, prompt + first.token_ids + appended, max_tokens=10)
-    assert resumed.token_ids == ref.token_ids
+    assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 10)
 
     [rec] = [r for r in await engine.intercepts(a.id) if r["intercept_id"] == rec["intercept_id"]]
     context = len(prompt) + 11
@@ -68,10 +58,9 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     for bud, mv in zip(budgets, moved):
         assert mv["out"] <= max(bud["out"], block) and mv["in"] <= max(bud["in"], block)
         assert mv["out"] + mv["in"] <= max(bud["limit"], 2 * block)
-    for s in (a, b, c, ref_session):
+    for s in (a, b, c):
         await s.close()
-    await asyncio.sleep(0.1)
-    counts = await engine.check_integrity()
+    counts = await wait_all_free(engine)
     assert counts["free"] == counts["total"] and counts["host_tokens"] == 0, counts
 
 
@@ -95,12 +84,9 @@ async def test_full_swap_space_falls_back_to_discard() -> None:
         appended = engine.encode("\nObservation: ok.\n")
         for s, f in zip(sessions, firsts):
             resumed = await run_turn(s, appended, max_tokens=6)
-            ref = engine.open_session()
-            assert resumed.token_ids == (await run_turn(ref, prompt + f.token_ids + appended, 6)).token_ids
-            await ref.close()
+            assert resumed.token_ids == await fresh_output(engine, prompt + f.token_ids + appended, 6)
             await s.close()
-        await asyncio.sleep(0.1)
-        counts = await engine.check_integrity()
+        counts = await wait_all_free(engine)
         assert counts["free"] == counts["total"] and counts["host_tokens"] == 0
     finally:
         await engine.shutdown()
@@ -128,17 +114,15 @@ async def test_swap_in_spans_steps_under_a_small_budget(tmp_path) -> None:
         assert rec["kv_fate"] == "swap"
         appended = engine.encode("\nObservation: the door is locked.\n")
         resumed = await run_turn(a, appended, max_tokens=8)
-        ref = engine.open_session()
-        assert resumed.token_ids == (await run_turn(ref, prompt + first.token_ids + appended, 8)).token_ids
+        assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 8)
         stats = await engine.stats()
         moved_in = [m["in"] for m in stats["swap"]["moved"] if m["in"]]
         blocks = (len(prompt) + 11) // 32
         assert blocks >= 3 and moved_in == [32] * blocks  # one block per step, every block once
         assert all(m["out"] <= 32 for m in stats["swap"]["moved"])
-        for s in (a, other, ref):
+        for s in (a, other):
             await s.close()
-        await asyncio.sleep(0.1)
-        counts = await engine.check_integrity()
+        counts = await wait_all_free(engine)
         assert counts["free"] == counts["total"] and counts["host_tokens"] == 0
     finally:
         await engine.shutdown()
