@@ -2,10 +2,11 @@
 
 It runs inside vLLM's engine core (a child process). It detects intercept triggers token by token,
 parks the request at the trigger as a paused streaming session, applies the intercept policy to the
-paused request's KV (keep, free, free after a TTL, give back under memory pressure), restores the
-original arrival time on resume, and keeps the per-intercept ledger and block accounting.
+paused request's KV (keep, free, free after a TTL, swap to host, give back under memory pressure),
+restores the original arrival time on resume, and keeps the per-intercept ledger, the waste meter and
+the block accounting. Swap planning is in `sched_swap.py`, utility-call reports in `sched_report.py`.
 
-vLLM 0.32 internals this module relies on (check them on every vLLM upgrade):
+vLLM 0.32 internals this module and its two mixins rely on (check them on every vLLM upgrade):
 
 * `vllm.v1.core.sched.scheduler.Scheduler`: `_update_request_with_output` (re-implemented here with
   the trigger check added; it is the base method's loop plus one call), `_handle_stopped_request`
@@ -21,16 +22,17 @@ vLLM 0.32 internals this module relies on (check them on every vLLM upgrade):
 * `vllm.v1.engine.core.EngineCore`: utility calls resolve `getattr(EngineCore, name)`; this module adds
   one method, `infercept_call`, that forwards to the scheduler (`engine.py` calls it).
 * `Request.kv_hints` (`vllm.v1.kv_hints.KvHintsEnvelope`): carries the session id and the tool table.
-* `SchedulerOutput.scheduled_new_reqs[*].num_computed_tokens`: prefix-cache hits at a re-admission.
+* `SchedulerOutput.scheduled_new_reqs[*].num_computed_tokens` (prefix-cache hits or loaded tokens at a
+  re-admission), `.num_scheduled_tokens`, `.total_num_scheduled_tokens`; `update_from_output`.
+* Swap: `self.connector` (the KV connector vLLM built from `kv_transfer_config`), `kv_cache_config.
+  kv_cache_groups`, `vllm.platforms.current_platform.device_type`, and vLLM's asynchronous KV-load
+  states (`WAITING_FOR_REMOTE_KVS`, finished_recving) that `swap_connector.py` drives.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from vllm.logger import init_logger
@@ -44,51 +46,22 @@ from vllm.v1.request import Request, RequestStatus
 from engine_adapter.accounting import BlockCounts, Ledger, WasteMeter
 from engine_adapter.config import CoreConfig
 from engine_adapter.hints import TURN_END_KEY, parse_hints
-from engine_adapter.policy import Action, PausedView, make_policy
-from engine_adapter.policy.decide import PausedCost, infercept_plan
-from engine_adapter.policy.estimator import DurationEstimator, load_priors
-from engine_adapter.policy.profile import Profile, default_profile, profile_path
-from engine_adapter.policy.waste import (
-    recompute_chunk_tokens,
-    waste_chunked_discard_byte_s,
-    waste_preserve_byte_s,
-)
-from engine_adapter.swap_connector import InterceptSwapConnector
+from engine_adapter.paused import Paused
+from engine_adapter.policy import Action, make_policy
+from engine_adapter.policy.estimator import DurationEstimator
+from engine_adapter.policy.profile import Profile
+from engine_adapter.sched_report import ReportMixin
+from engine_adapter.sched_swap import SwapMixin
 from engine_adapter.swap_plan import SwapPlanner
 from engine_adapter.triggers import TriggerMatcher, find_call
-
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
 
 
-@dataclass
-class Paused:
-    """A request parked at an intercept (status WAITING_FOR_STREAMING_REQ)."""
+class InterceptScheduler(SwapMixin, ReportMixin, Scheduler):
+    """See the module docstring. Swap planning lives in `sched_swap.SwapMixin`, the utility-call
+    reports in `sched_report.ReportMixin`; both work on the state set up here."""
 
-    request: Request
-    session_id: str
-    aug_type: str
-    trigger: str | None
-    paused_at_s: float
-    expected_duration_s: float | None
-    arrival_time: float  # the original one, restored at resume under FCFS-keeping policies
-    preserved: bool = True  # its KV blocks are still allocated
-    holds_slot: bool = True  # counted in num_waiting_for_streaming_input
-    swap: str | None = None  # None | "out" (copying) | "out-done" (copied, freed next step) | "swapped"
-
-    def view(self) -> PausedView:
-        return PausedView(
-            request_id=self.request.request_id,
-            aug_type=self.aug_type,
-            context_tokens=self.request.num_computed_tokens,
-            paused_at_s=self.paused_at_s,
-            expected_duration_s=self.expected_duration_s,
-            preserved=self.preserved,
-        )
-
-
-class InterceptScheduler(Scheduler):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._ic = CoreConfig.from_additional_config(self.vllm_config.additional_config)
@@ -121,28 +94,6 @@ class InterceptScheduler(Scheduler):
             "InferCept scheduler: policy=%s triggers=%s", self._ic.policy, sorted(self._ic_trigger_names)
         )
 
-    def _ic_init_swap(self) -> None:
-        conn = self.connector
-        if not isinstance(conn, InterceptSwapConnector):
-            raise RuntimeError(f"policy {self._ic.policy!r} needs the InterceptSwapConnector as KV connector")
-        if len(self.kv_cache_config.kv_cache_groups) != 1:
-            raise RuntimeError("swap supports models with one KV cache group (plain attention)")
-        from vllm.platforms import current_platform
-
-        device = str(current_platform.device_type)
-        model = self.vllm_config.model_config.model
-        path = Path(self._ic.profile) if self._ic.profile else profile_path(REPO_CONFIGS / "profiles", model, device)
-        if path.is_file():
-            prof = Profile.load(path)
-            prof = dataclasses.replace(prof, kv_bytes_per_token=conn.kv_bytes_per_token)
-        else:
-            prof = default_profile(model, device, conn.kv_bytes_per_token, f"no profile at {path}")
-        logger.info("InferCept profile: %s (S=%d tokens, M=%d B/token)", prof.source, prof.saturation_tokens, prof.kv_bytes_per_token)
-        self._ic_profile = prof
-        self._ic_swap = SwapPlanner(conn, prof, self.block_size)
-        priors_path = self._ic.augmentation_priors or str(REPO_CONFIGS / "augmentations.yaml")
-        priors = load_priors(priors_path) if Path(priors_path).is_file() else {}
-        self._ic_estimator = DurationEstimator(self._ic.estimator, priors)
 
     # ------------------------------------------------------------------ triggers
     def _update_request_with_output(
@@ -216,23 +167,6 @@ class InterceptScheduler(Scheduler):
         elif self._ic_policy.spec.swap_at_pause:
             self._ic_start_swap_out(p, now)
 
-    def _ic_start_swap_out(self, p: Paused, now: float) -> bool:
-        assert self._ic_swap is not None
-        rid = p.request.request_id
-        tokens = self._ic_swap.start_out(rid, p.request.num_computed_tokens)
-        if not tokens:
-            # The swap space is full (or the context is under one block): fall back to discard.
-            self._ic_release(p, "discard", now)
-            return False
-        p.swap = "out"
-        self._ic_host_expect[rid] = tokens
-        return True
-
-    def _ic_cancel_swap(self, rid: str) -> None:
-        if self._ic_swap is not None:
-            self._ic_swap.cancel(rid)
-        self._ic_host_expect.pop(rid, None)
-
     def _ic_release(self, p: Paused, fate: str, now: float) -> None:
         """Free a paused request's KV and its running slot. It stays parked; its context
         (num_computed_tokens) is kept so that the resume rebuilds exactly the same tokens.
@@ -303,6 +237,8 @@ class InterceptScheduler(Scheduler):
 
     # ------------------------------------------------------------------ close
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        if request_ids is not None and not isinstance(request_ids, str):
+            request_ids = list(request_ids)  # iterated twice: here and in super()
         ids = (request_ids,) if isinstance(request_ids, str) else request_ids
         for rid in list(ids) if ids is not None else list(self._ic_paused):
             p = self._ic_paused.get(rid)
@@ -391,68 +327,6 @@ class InterceptScheduler(Scheduler):
         self._ic_step_swap_tokens = (0, 0)
         self._ic_waste.iteration(seconds, tokens, recompute, resident, stall)
 
-    # ------------------------------------------------------------------ swap (swap, infercept)
-    def _ic_swap_settle(self, now: float) -> None:
-        """What the previous step's copies completed: free the device blocks of finished swap-outs,
-        release the host slots of finished swap-ins."""
-        sw = self._ic_swap
-        assert sw is not None
-        for rid in sw.q.out_done:
-            p = self._ic_paused[rid]
-            self._ic_release(p, "swap", now)
-        sw.q.out_done.clear()
-        for rid in sw.conn.restored():
-            self._ic_host_expect.pop(rid, None)
-
-    def _ic_swap_plan(self, now: float) -> None:
-        sw = self._ic_swap
-        assert sw is not None
-        pool = self.kv_cache_manager.block_pool
-        inflight_tokens = sw.remaining_out_tokens()
-        candidates = [p for p in self._ic_paused.values() if p.preserved and p.swap is None]
-        want_out = inflight_tokens + (
-            sum(p.request.num_computed_tokens for p in candidates) if self._ic_policy.spec.min_waste else 0
-        )
-        out_budget, in_budget = sw.budgets(want_out, pool.get_num_free_blocks())
-        if self._ic_policy.spec.min_waste and candidates:
-            self._ic_min_waste(candidates, max(0, out_budget - inflight_tokens), now)
-        done = sw.copy_out({r: self._ic_group0_blocks(r) for r in sw.q.out}, out_budget)
-        for rid in done:
-            self._ic_paused[rid].swap = "out-done"
-        sw.arm_in(in_budget)
-
-    def _ic_min_waste(self, candidates: list[Paused], out_budget_tokens: int, now: float) -> None:
-        """The paper's per-iteration choice (Eq. 2, 4, 5) over the paused requests still on device."""
-        prof, est, sw = self._ic_profile, self._ic_estimator, self._ic_swap
-        assert prof is not None and est is not None and sw is not None
-        running_tokens = sum(r.num_computed_tokens for r in self.running)
-        batch = max(1, sw.last_batch_tokens)
-        chunk = recompute_chunk_tokens(prof, len(self.running))
-        costs = []
-        for p in candidates:
-            ctx = p.request.num_computed_tokens
-            remaining = est.remaining_s(p.aug_type, now - p.paused_at_s, p.expected_duration_s)
-            round_trip = prof.t_swap_out_s(ctx) + prof.t_swap_in_s(ctx)
-            costs.append(
-                PausedCost(
-                    request_id=p.request.request_id,
-                    context_blocks=ctx // self.block_size,  # only full blocks travel
-                    waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
-                    waste_discard=waste_chunked_discard_byte_s(prof, ctx, running_tokens, chunk),
-                    swap_worthwhile=remaining > round_trip + prof.t_fwd_s(batch),
-                )
-            )
-        plan = infercept_plan(costs, out_budget_tokens // self.block_size, sw.conn.slots.num_free)
-        for rid in plan.swap_out:
-            p = self._ic_paused[rid]
-            self._ic_start_swap_out(p, now)
-        for rid in plan.discard:
-            self._ic_release(self._ic_paused[rid], "discard", now)
-
-    def _ic_group0_blocks(self, request_id: str) -> list[int]:
-        mgr = self.kv_cache_manager.coordinator.single_type_managers[0]
-        return [b.block_id for b in mgr.req_to_blocks.get(request_id, ())]
-
     def _ic_expire(self, now: float) -> None:
         views = [p.view() for p in self._ic_paused.values()]
         for rid in self._ic_policy.expired(views, now):
@@ -527,90 +401,6 @@ class InterceptScheduler(Scheduler):
         for mgr in self.kv_cache_manager.coordinator.single_type_managers:
             ids.extend(b.block_id for b in mgr.req_to_blocks.get(request_id, ()) if not b.is_null)
         return ids
-
-    # ------------------------------------------------------------------ reporting (utility calls)
-    def infercept_block_counts(self) -> BlockCounts:
-        pool = self.kv_cache_manager.block_pool
-        paused: set[int] = set()
-        others: set[int] = set()
-        for rid in self.requests:
-            p = self._ic_paused.get(rid)
-            (paused if p is not None else others).update(self._ic_req_blocks(rid))
-        in_flight = sum(len(blocks) for _, blocks in self.deferred_frees)
-        return BlockCounts(
-            total=pool.num_gpu_blocks - 1,  # block 0 is vLLM's null block
-            free=pool.get_num_free_blocks(),
-            running=len(others) + in_flight,
-            preserved=len(paused - others),
-        )
-
-    def infercept_stats(self) -> dict[str, Any]:
-        now = time.monotonic()
-        counts = self.infercept_block_counts()
-        return {
-            "policy": self._ic_policy.name,
-            "block_size": self.block_size,
-            # Device blocks by state, plus the blocks' worth of KV now in the host buffer.
-            "blocks": counts.to_dict() | {"swapped_to_host": sum(
-                len(hc.slots) for hc in self._ic_swap.conn.host.values()) if self._ic_swap else 0},
-            "totals": self._ic_ledger.snapshot(now),
-            "paused": len(self._ic_paused),
-            "paused_preserved": sum(p.preserved for p in self._ic_paused.values()),
-            "running": len(self.running),
-            "waiting": len(self.waiting) + len(self.kv_holding_waiting) - len(self._ic_paused),
-            "engine_time_s": now,
-            "swap": self._ic_swap_stats(),
-            "waste": self._ic_waste.snapshot(self._ic_ledger.snapshot(now)["preserved_token_seconds"]),
-        }
-
-    def _ic_swap_stats(self) -> dict[str, Any] | None:
-        sw = self._ic_swap
-        if sw is None:
-            return None
-        hist = list(sw.budget_history)
-        return {
-            **sw.conn.stats,
-            "host_slots": sw.conn.slots.num_slots,
-            "host_slots_free": sw.conn.slots.num_free,
-            "host_tokens": sw.conn.host_tokens(),
-            "profile": self._ic_profile.source if self._ic_profile else None,
-            "saturation_tokens": self._ic_profile.saturation_tokens if self._ic_profile else None,
-            "t_fwd_refinement": dict(self._ic_profile._ratios) if self._ic_profile else None,
-            "kv_bytes_per_token": sw.conn.kv_bytes_per_token,
-            "recent_budgets": [{"limit": n, "out": o, "in": i} for n, o, i in hist[-256:]],
-            "moved": [{"out": o, "in": i} for o, i in list(sw.moved_history)[-256:]],
-        }
-
-    def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        return [
-            r.to_dict()
-            for r in self._ic_ledger.records
-            if session_id is None or r.session_id == session_id
-        ]
-
-    def infercept_check_integrity(self) -> dict[str, int]:
-        counts = self.infercept_block_counts()
-        counts.check()
-        out = counts.to_dict()
-        if self._ic_swap is not None:
-            expect = sum(self._ic_host_expect.values())
-            self._ic_swap.host_tokens_check(expect)
-            out["host_tokens"] = expect
-        return out
-
-    def infercept_tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
-        """Refine the type / expected duration of a session's current pause (the caller may know more
-        than the tool table, e.g. an oracle duration)."""
-        rid = self._ic_sessions.get(session_id)
-        p = self._ic_paused.get(rid) if rid is not None else None
-        if p is None:
-            return False
-        p.aug_type = aug_type
-        p.expected_duration_s = expected_duration_s
-        rec = self._ic_ledger.open.get(rid)
-        if rec is not None:
-            rec.aug_type, rec.expected_duration_s = aug_type, expected_duration_s
-        return True
 
 
 def _enabled_triggers(request: Request) -> frozenset[str] | None:

@@ -168,7 +168,10 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if hc is not None:
             self.slots.give(hc.slots)
         self._pending_in.pop(request_id, None)
-        self._loading.pop(request_id, None)
+        if self._loading.pop(request_id, None) is not None:
+            # Closed mid-load: vLLM keeps its device blocks until the worker reports the load
+            # finished, so report it with the next step (nothing more is copied for it).
+            self._abandoned.append(request_id)
 
     def host_tokens(self) -> int:
         return sum(hc.tokens for hc in self.host.values())
@@ -239,9 +242,6 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         return meta
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
-        if request.request_id in self._loading:
-            # vLLM keeps its blocks until the worker reports the load finished: report it next step.
-            self._abandoned.append(request.request_id)
         self.drop(request.request_id)
         return False, None
 
