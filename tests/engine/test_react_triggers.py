@@ -9,9 +9,11 @@ from collections.abc import AsyncIterator
 
 import pytest_asyncio
 
+from augmentations.base import CallContext
+from augmentations.calculator import Calculator
+from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
 from engine_adapter.engine import InterceptEngine, TurnEnd
-from engine_adapter.hints import ToolHint
 
 FEW_SHOT = """Answer the question. Use the calculator for arithmetic.
 
@@ -49,7 +51,8 @@ async def smol() -> AsyncIterator[InterceptEngine]:
 
 async def test_react_call_pauses_at_the_trigger_and_resumes_exactly(smol: InterceptEngine) -> None:
     engine = smol
-    s = engine.open_session(max_tokens=48, tools={"Calculator": ToolHint("math", 0.001)})
+    tools = Registry([Calculator()])
+    s = engine.open_session(max_tokens=48, tools=tools.hints())
     prompt = engine.encode(FEW_SHOT.format(question="What is 29 times 13?"))
     end = None
     streamed = []
@@ -66,10 +69,14 @@ async def test_react_call_pauses_at_the_trigger_and_resumes_exactly(smol: Interc
     assert engine.decode(end.token_ids) == end.text
 
     [rec] = await engine.intercepts(s.id)
-    assert (rec["trigger"], rec["tool"], rec["aug_type"], rec["expected_duration_s"]) == ("react", "Calculator", "math", 0.001)
+    assert (rec["trigger"], rec["tool"], rec["aug_type"]) == ("react", "Calculator", "math")
+    assert rec["expected_duration_s"] == tools.hints()["Calculator"].expected_s  # Table 1's math mean
     assert rec["context_tokens"] == len(prompt) + len(end.token_ids) - 1
 
-    observation = engine.encode("\nObservation: 377\n")
+    # The real calculator runs on the arguments the model wrote.
+    result = await tools.get(end.call.tool).run(end.call.arguments, CallContext(session_id=s.id))
+    assert (end.call.arguments, result.content, result.error) == ("29*13", "377", False)
+    observation = engine.encode(f"\nObservation: {result.content}\n")
     resumed = None
     async for ev in s.turn(observation, max_tokens=16):
         if isinstance(ev, TurnEnd):

@@ -1,0 +1,70 @@
+"""The tools a server offers: name -> executor, plus the duration hints the engine needs.
+
+Names are matched case-insensitively (models write "calculator" as often as "Calculator"). The hints
+(augmentation type, expected call duration) come from the executors' types and the Table 1 priors in
+`configs/augmentations.yaml`; the engine carries them into vLLM's kv_hints so the scheduler knows a
+call's type at the very token that completes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from augmentations.base import Augmentation
+from engine_adapter.hints import ToolHint
+from engine_adapter.policy.estimator import load_priors
+
+PRIORS = Path(__file__).resolve().parent.parent / "configs" / "augmentations.yaml"
+
+
+class UnknownTool(KeyError):
+    def __init__(self, name: str, known: Iterable[str]) -> None:
+        super().__init__(name)
+        self.name = name
+        self.known = sorted(known)
+
+    def __str__(self) -> str:
+        return f"unknown tool {self.name!r}; available: {', '.join(self.known) or 'none'}"
+
+
+class Registry:
+    def __init__(self, executors: Iterable[Augmentation] = (), priors: Mapping[str, tuple[float, float]] | None = None) -> None:
+        self._by_key: dict[str, Augmentation] = {}
+        self._priors = dict(priors) if priors is not None else (load_priors(str(PRIORS)) if PRIORS.is_file() else {})
+        for ex in executors:
+            self.add(ex)
+
+    def add(self, executor: Augmentation) -> None:
+        key = executor.name.lower()
+        if key in self._by_key:
+            raise ValueError(f"tool {executor.name!r} registered twice")
+        self._by_key[key] = executor
+
+    def get(self, name: str) -> Augmentation:
+        ex = self._by_key.get(name.strip().lower())
+        if ex is None:
+            raise UnknownTool(name, self.names())
+        return ex
+
+    def names(self) -> list[str]:
+        return [ex.name for ex in self._by_key.values()]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.strip().lower() in self._by_key
+
+    def hints(self, names: Iterable[str] | None = None) -> dict[str, ToolHint]:
+        """kv_hints tool table for the given tools (all by default): type and prior mean duration.
+        The model may write a name in any case, so every spelling it is likely to use is listed."""
+        chosen = [self.get(n) for n in names] if names is not None else list(self._by_key.values())
+        out: dict[str, ToolHint] = {}
+        for ex in chosen:
+            mean = self._priors.get(ex.aug_type, (None, None))[0]
+            hint = ToolHint(ex.aug_type, mean)
+            for spelling in {ex.name, ex.name.lower(), ex.name.capitalize()}:
+                out[spelling] = hint
+        return out
+
+    async def close(self) -> None:
+        for ex in self._by_key.values():
+            await ex.close()
