@@ -93,14 +93,16 @@ async def test_full_swap_space_falls_back_to_discard() -> None:
 
 
 async def test_swap_in_spans_steps_under_a_small_budget(tmp_path) -> None:
-    # A profile whose swap link moves one 32-token block per 10 ms iteration: N_i = 1 block.
+    # A profile whose swap link needs 40 ms per 32-token block against 10 ms iterations: N_i is a
+    # fraction of a block (even if the engine's online refinement stretches T_fwd a few times), so
+    # every step moves the one-block minimum and a context comes back over several steps.
     import json
 
     block_bytes = 32 * 1024
     (tmp_path / "p.json").write_text(json.dumps({
         "model": "tiny", "device": "cpu", "fwd_tokens": [1, 4096], "fwd_seconds": [0.01, 0.01],
         "saturation_tokens": 256, "kv_bytes_per_token": 1024,
-        "swap_out_bytes_per_s": block_bytes / 0.01, "swap_in_bytes_per_s": block_bytes / 0.01,
+        "swap_out_bytes_per_s": block_bytes / 0.04, "swap_in_bytes_per_s": block_bytes / 0.04,
     }))
     engine = InterceptEngine(tiny_config("swap", profile=str(tmp_path / "p.json")))
     await engine.start()
@@ -116,10 +118,12 @@ async def test_swap_in_spans_steps_under_a_small_budget(tmp_path) -> None:
         resumed = await run_turn(a, appended, max_tokens=8)
         assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 8)
         stats = await engine.stats()
-        moved_in = [m["in"] for m in stats["swap"]["moved"] if m["in"]]
+        steps = [(b, m) for b, m in zip(stats["swap"]["recent_budgets"], stats["swap"]["moved"]) if m["in"]]
         blocks = (len(prompt) + 11) // 32
-        assert blocks >= 3 and moved_in == [32] * blocks  # one block per step, every block once
-        assert all(m["out"] <= 32 for m in stats["swap"]["moved"])
+        assert blocks >= 3 and sum(m["in"] for _, m in steps) == 32 * blocks  # every block once
+        assert len(steps) >= 2  # over several steps
+        assert all(m["in"] <= max(b["in"], 32) for b, m in steps)  # each within its step's budget
+        assert all(m["out"] <= max(b["out"], 32) for b, m in zip(stats["swap"]["recent_budgets"], stats["swap"]["moved"]))
         for s in (a, other):
             await s.close()
         counts = await wait_all_free(engine)
