@@ -52,6 +52,7 @@ from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
 from engine_adapter.sched_report import ReportMixin
 from engine_adapter.sched_swap import SwapMixin
+from engine_adapter.swap_connector import kv_block_bytes
 from engine_adapter.swap_plan import SwapPlanner
 from engine_adapter.triggers import TriggerMatcher, find_call
 
@@ -84,16 +85,12 @@ class InterceptScheduler(SwapMixin, ReportMixin, Scheduler):
         # Context tokens each resumed request still has to recompute (counted as they are scheduled).
         self._ic_recomputing: dict[str, int] = {}
         self._ic_step_swap_tokens = (0, 0)  # (out, in) planned for the step in flight
-        self._ic_kv_bytes_per_token = sum(
-            len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in self.kv_cache_config.kv_cache_groups
-        ) // self.block_size
-        self._ic_waste = WasteMeter(self._ic_kv_bytes_per_token)
+        self._ic_waste = WasteMeter(kv_block_bytes(self.kv_cache_config) // self.block_size)
         if self._ic_policy.spec.uses_swap:
             self._ic_init_swap()
         logger.info(
             "InferCept scheduler: policy=%s triggers=%s", self._ic.policy, sorted(self._ic_trigger_names)
         )
-
 
     # ------------------------------------------------------------------ triggers
     def _update_request_with_output(

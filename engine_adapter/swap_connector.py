@@ -113,9 +113,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
     # ============================================================== scheduler side
     def _init_scheduler(self) -> None:
         assert self._kv_cfg is not None
-        self.block_bytes = sum(
-            len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in self._kv_cfg.kv_cache_groups
-        )
+        self.block_bytes = kv_block_bytes(self._kv_cfg)
         self.slots = SlotPool(max(0, self.swap_space_bytes // max(1, self.block_bytes)))
         self.host: dict[str, HostCopy] = {}  # request id -> its host copy
         self._pending_in: dict[str, int] = {}  # armed: request id -> tokens vLLM should allocate for
@@ -343,6 +341,11 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         # Called after wait_for_save in the same step: this step's copies are complete.
         done, self._done_loads = self._done_loads, set()
         return None, (done or None)
+
+
+def kv_block_bytes(kv_cache_config: KVCacheConfig) -> int:
+    """Bytes of KV one block holds across every layer (one host slot; M = this / block_size)."""
+    return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in kv_cache_config.kv_cache_groups)
 
 
 def copy_blocks(dev: torch.Tensor, host: torch.Tensor, dim: int, pairs: list[tuple[int, int]], to_host: bool) -> None:
