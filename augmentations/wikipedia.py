@@ -100,10 +100,24 @@ class Wikipedia:
     aug_type = "qa"
     description = "Wikipedia[query]: the lead of the best-matching Wikipedia article"
 
-    def __init__(self, max_chars: int = 400, index: BM25Index | None = None) -> None:
-        self.max_chars = max_chars
+    def __init__(self, max_chars: int = 400, index: BM25Index | None = None, source: str = "offline",
+                 user_agent: str = "infercept (https://github.com/infercept)") -> None:
+        if source not in ("offline", "online"):
+            raise ValueError(f"wikipedia source must be offline or online, not {source!r}")
+        self.max_chars, self.source, self.user_agent = max_chars, source, user_agent
         self._index = index
         self._lock = asyncio.Lock()
+
+    def _online(self, query: str) -> str | None:
+        """The live encyclopedia through `wikipedia-api` (needs the network and the package)."""
+        try:
+            import wikipediaapi
+        except ImportError as e:
+            raise ToolError("source 'online' needs the wikipedia-api package") from e
+        page = wikipediaapi.Wikipedia(user_agent=self.user_agent, language="en").page(query)
+        if not page.exists():
+            return None
+        return f"{page.title}: {first_sentences(page.summary, self.max_chars)}"
 
     async def index(self) -> BM25Index:
         async with self._lock:
@@ -115,6 +129,14 @@ class Wikipedia:
         query = args.strip().strip("\"'")
         if not query:
             return ToolResult("error: empty query", error=True)
+        if self.source == "online":
+            try:
+                found = await asyncio.to_thread(self._online, query)
+            except ToolError:
+                raise
+            except Exception as e:  # network errors: the model sees them, the session goes on
+                raise ToolError(f"Wikipedia is unreachable: {type(e).__name__}") from e
+            return ToolResult(found or f"No article matches {query!r}.")
         try:
             index = await self.index()
         except ToolError as e:

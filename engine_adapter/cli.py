@@ -1,7 +1,7 @@
 """The `infercept` command.
 
     infercept model prepare [--name default|tiny] [--force]
-    infercept serve [--model default|tiny|PATH|HUB_ID] [--policy NAME] [--once]
+    infercept serve [--config FILE] [--model default|tiny|PATH|HUB_ID] [--policy NAME] [--host H] [--port P] [--api-key KEY] [--once]
     infercept bench-overhead [--model ...] [--rounds N] [--requests N] [--out FILE]
 """
 
@@ -39,39 +39,63 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from engine_adapter.config import load_engine_config
-    from engine_adapter.engine import InterceptEngine, TurnEnd
+    """The gateway and its embedded engine in one process tree (the engine core is vLLM's child)."""
+    import logging
 
+    from aiohttp import ClientSession, web
+
+    from engine_adapter.config import load_engine_config
+    from gateway.app import Gateway, create_app
+    from gateway.config import load_gateway_config
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("infercept").setLevel(logging.INFO)
     cfg = load_engine_config(
         args.config, model=args.model, policy=args.policy, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
         max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
     )
-    engine = InterceptEngine(cfg)
-    t0 = time.perf_counter()
-    await engine.start()
-    # A real round trip through the engine before saying "ready".
-    s = engine.open_session(max_tokens=4)
-    async for ev in s.turn("Hello"):
-        if isinstance(ev, TurnEnd):
-            pass
-    await s.close()
-    stats = await engine.stats()
-    print(
-        f"infercept engine ready in {time.perf_counter() - t0:.1f} s: model={engine.model_path} "
-        f"policy={stats['policy']} kv_blocks={stats['blocks']['total']} block_size={stats['block_size']}",
-        flush=True,
-    )
-    if args.once:
-        await engine.shutdown()
-        return 0
+    gcfg = load_gateway_config(args.config, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("INFERCEPT_API_KEY"))
+    gw = Gateway(cfg, gcfg)
+    app = create_app(gw)
+    # handler_cancellation: a client that disconnects cancels its handler, which aborts the generation.
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, gcfg.server.host, gcfg.server.port)
+    await site.start()
+    url = f"http://{gcfg.server.host}:{gcfg.server.port}"
+    print(f"infercept gateway listening on {url} (engine starting: model={cfg.model} policy={cfg.policy})", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print("(the HTTP gateway is not part of this build yet; Ctrl-C stops the engine)", flush=True)
-    await stop.wait()
-    await engine.shutdown()
-    return 0
+    t0 = time.perf_counter()
+    ready = asyncio.create_task(gw.ready.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    code = 0
+    while gw.start_error is None and not gw.ready.is_set() and not stop.is_set():
+        await asyncio.sleep(0.1)
+    if gw.start_error is not None:
+        print(f"error: the engine failed to start: {gw.start_error}", file=sys.stderr)
+        code = 1
+    elif gw.ready.is_set():
+        stats = await gw.engine.stats()
+        print(
+            f"infercept ready in {time.perf_counter() - t0:.1f} s: {url} model={gw.engine.model_path} "
+            f"policy={stats['policy']} kv_blocks={stats['blocks']['total']} block_size={stats['block_size']} "
+            f"tools={','.join(gw.registry.names())}",
+            flush=True,
+        )
+        if args.once:
+            async with ClientSession() as http, http.get(f"{url}/healthz") as r:
+                print(f"GET /healthz -> {r.status} {await r.text()}", flush=True)
+                code = 0 if r.status == 200 else 1
+        else:
+            await stop.wait()
+    ready.cancel()
+    stopped.cancel()
+    await runner.cleanup()
+    return code
 
 
 def _cmd_bench_overhead(args: argparse.Namespace) -> int:
@@ -111,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.add_argument("--force", action="store_true", help="rebuild even if a verified copy exists")
     prep.set_defaults(func=_cmd_model_prepare)
 
-    serve = sub.add_parser("serve", help="start the engine on a model and report readiness")
+    serve = sub.add_parser("serve", help="start the HTTP gateway with its embedded engine")
     serve.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
     serve.add_argument("--model", help="default | tiny | a local HF folder | a hub id")
     serve.add_argument("--policy", choices=POLICY_NAMES)
@@ -119,6 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--kv-cache-gib", type=float)
     serve.add_argument("--max-num-seqs", type=int)
     serve.add_argument("--max-model-len", type=int)
+    serve.add_argument("--host")
+    serve.add_argument("--port", type=int)
+    serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes (or INFERCEPT_API_KEY)")
     serve.add_argument("--once", action="store_true", help="exit after the readiness check")
     serve.set_defaults(func=lambda a: asyncio.run(_serve(a)))
 

@@ -83,6 +83,7 @@ TurnEvent = TokenDelta | TurnEnd
 class _Input:
     token_ids: list[int]
     max_tokens: int
+    regex: str | None = None  # structured output for this turn (vLLM's structured_outputs.regex)
 
 
 class Session:
@@ -115,9 +116,11 @@ class Session:
     def open_in_engine(self) -> bool:
         return self._gen is not None
 
-    async def turn(self, new_tokens: Sequence[int] | str, max_tokens: int | None = None) -> AsyncIterator[TurnEvent]:
+    async def turn(self, new_tokens: Sequence[int] | str, max_tokens: int | None = None,
+                   regex: str | None = None) -> AsyncIterator[TurnEvent]:
         """Append tokens (a prompt, a tool's output, a user message) and generate until a trigger,
-        EOS or max_tokens. Yields TokenDelta events, then exactly one TurnEnd."""
+        EOS or max_tokens. Yields TokenDelta events, then exactly one TurnEnd. `regex` constrains this
+        turn's output (vLLM structured outputs), e.g. to force a tool call."""
         if self.closed:
             raise SessionClosed(f"session {self.id} is closed")
         if self._busy:
@@ -133,20 +136,20 @@ class Session:
         want = max(1, min(want, limit - total))
         self._busy = True
         try:
-            async for ev in self._run_turn(ids, want):
+            async for ev in self._run_turn(ids, want, regex):
                 yield ev
         finally:
             self._busy = False
 
-    async def _run_turn(self, ids: list[int], max_tokens: int) -> AsyncIterator[TurnEvent]:
+    async def _run_turn(self, ids: list[int], max_tokens: int, regex: str | None = None) -> AsyncIterator[TurnEvent]:
         if self._gen is None:
             # A new vLLM request over the whole context (first turn, or after an abort).
             full = self.history + ([self._pending_last] if self._pending_last is not None else []) + ids
-            self._open(_Input(full, max_tokens))
+            self._open(_Input(full, max_tokens, regex))
         else:
             appended = ([self._pending_last] if self._pending_last is not None else []) + ids
             assert self._queue is not None
-            self._queue.put_nowait(_Input(appended, max_tokens))
+            self._queue.put_nowait(_Input(appended, max_tokens, regex))
         if self._pending_last is not None:
             self.history.append(self._pending_last)
             self._pending_last = None
@@ -339,11 +342,12 @@ class InterceptEngine:
     def sessions(self) -> Mapping[str, Session]:
         return self._sessions
 
-    def _sampling_params(self, session: Session, max_tokens: int) -> Any:
+    def _sampling_params(self, session: Session, max_tokens: int, regex: str | None = None) -> Any:
         from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
+        from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         return SamplingParams(
+            structured_outputs=StructuredOutputsParams(regex=regex) if regex else None,
             max_tokens=max_tokens,
             output_kind=RequestOutputKind.DELTA,
             # A trigger ends the turn as a "stop"; without this vLLM's detokenizer would drop the
@@ -363,7 +367,7 @@ class InterceptEngine:
                     return
                 yield StreamingInput(
                     prompt=TokensPrompt(prompt_token_ids=list(item.token_ids)),
-                    sampling_params=self._sampling_params(session, item.max_tokens),
+                    sampling_params=self._sampling_params(session, item.max_tokens, item.regex),
                 )
 
         return self.llm.generate(

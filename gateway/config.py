@@ -1,0 +1,91 @@
+"""The gateway's settings: the `server:` and `augmentations:` sections of the YAML config (the
+`engine:` section is `engine_adapter.config`). Validated at load; unknown keys and bad types are
+errors that name the key."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from augmentations.factory import validate_settings
+
+DEFAULT_AUGMENTATIONS: dict[str, dict[str, Any]] = {
+    "calculator": {"timeout_s": 5},
+    "wikipedia": {"timeout_s": 30},
+    "alfworld": {"timeout_s": 60},
+    "image": {"timeout_s": 300},
+    "tts": {"timeout_s": 120},
+    "human": {},
+}
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer KEY"
+    max_sessions: int = 256  # open sessions at once (429 beyond)
+    session_idle_s: float = 1800.0  # a session idle this long is closed and its KV freed
+    max_message_chars: int = 16000
+    max_tokens: int = 256  # per generation step (one model turn between tool calls)
+    max_tool_calls: int = 8  # per user message; then the model is told to answer
+    max_observation_chars: int = 1500  # a tool result longer than this is cut for the model
+    tool_timeout_s: float = 60.0  # default per-call timeout (augmentations.<name>.timeout_s wins)
+    artifact_store_mb: int = 256  # images and audio kept in memory (oldest dropped first)
+    model_name: str | None = None  # the name /v1/models reports (default: the engine's model)
+    cors_origins: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    augmentations: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: dict(DEFAULT_AUGMENTATIONS))
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
+    "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,),
+    "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
+    "model_name": (str, type(None)), "cors_origins": (list, tuple),
+}
+
+
+def server_config(data: Mapping[str, Any]) -> ServerConfig:
+    known = {f.name for f in dataclasses.fields(ServerConfig)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ValueError(f"server: unknown setting(s) {', '.join(unknown)}")
+    for key, value in data.items():
+        if not isinstance(value, _TYPES[key]) or isinstance(value, bool):
+            raise ValueError(f"server.{key}: expected {' or '.join(t.__name__ for t in _TYPES[key])}, got {value!r}")
+        if isinstance(value, (int, float)) and key != "port" and value <= 0:
+            raise ValueError(f"server.{key} must be positive")
+    if "port" in data and not 0 <= data["port"] < 65536:
+        raise ValueError("server.port must be in 0..65535")
+    values = dict(data)
+    if "cors_origins" in values:
+        values["cors_origins"] = tuple(str(o) for o in values["cors_origins"])
+    return ServerConfig(**values)
+
+
+def load_gateway_config(path: str | None, **server_overrides: Any) -> GatewayConfig:
+    import yaml
+
+    doc: Mapping[str, Any] = {}
+    if path is not None:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        if not isinstance(doc, Mapping):
+            raise ValueError(f"{path}: expected a mapping at the top level")
+        unknown = sorted(set(doc) - {"engine", "server", "augmentations"})
+        if unknown:
+            raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}")
+    server = dict(doc.get("server") or {})
+    server.update({k: v for k, v in server_overrides.items() if v is not None})
+    augs = doc.get("augmentations")
+    augs = DEFAULT_AUGMENTATIONS if augs is None else augs
+    if not isinstance(augs, Mapping):
+        raise ValueError("augmentations: expected a mapping of tool name to settings")
+    return GatewayConfig(server=server_config(server), augmentations=validate_settings(augs))

@@ -1,0 +1,69 @@
+"""Prometheus metrics of the gateway and the engine (`GET /metrics`).
+
+Counters and histograms move as events happen in the gateway; the engine's state (KV blocks by state,
+waste, swap bytes, recomputed tokens) is read from the engine core at each scrape, so the scrape shows
+the engine's own accounting, not a copy that could drift.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as TallyCounter
+from collections.abc import Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        self.registry = r = CollectorRegistry()
+        self.intercepts = Counter("infercept_intercepts", "Tool-call intercepts by augmentation type and the policy's choice",
+                                  ["type", "policy"], registry=r)
+        self.tool_latency = Histogram("infercept_tool_latency_seconds", "Augmentation call duration", ["tool", "type", "outcome"],
+                                      buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
+        self.messages = Counter("infercept_messages", "Messages handled, by route and outcome", ["route", "outcome"], registry=r)
+        self.disconnects = Counter("infercept_client_disconnects", "Streams abandoned by their client (generation aborted)", registry=r)
+        self.sessions_expired = Counter("infercept_sessions_expired", "Sessions closed for idleness", registry=r)
+        self.sessions = Gauge("infercept_sessions", "Open sessions by state", ["state"], registry=r)
+        self.kv_blocks = Gauge("infercept_kv_blocks", "KV blocks by state", ["state"], registry=r)
+        self.waste_token_s = Gauge("infercept_memory_waste_token_seconds", "KV memory waste (token-seconds) by kind", ["kind"], registry=r)
+        self.waste_gb_min = Gauge("infercept_memory_waste_gb_minutes", "KV memory waste (GB-minutes) by kind", ["kind"], registry=r)
+        self.swap_bytes = Gauge("infercept_swap_bytes", "Bytes of KV copied between device and host, by direction", ["direction"], registry=r)
+        self.recomputed = Gauge("infercept_recomputed_tokens", "Context tokens recomputed after intercepts", registry=r)
+        self.prefix_hits = Gauge("infercept_prefix_hit_tokens", "Context tokens restored from the prefix cache after intercepts", registry=r)
+        self.paused = Gauge("infercept_paused_requests", "Requests paused in a call", registry=r)
+        self.engine_intercepts = Gauge("infercept_engine_intercepts", "Pauses seen by the engine (tool calls and turn ends)", registry=r)
+        self.recompute_share = Gauge("infercept_recompute_share_of_forward", "Share of forward time spent recomputing", registry=r)
+
+    def intercept(self, aug_type: str, policy: str) -> None:
+        self.intercepts.labels(aug_type, policy).inc()
+
+    def tool_done(self, tool: str, aug_type: str, seconds: float, outcome: str) -> None:
+        self.tool_latency.labels(tool, aug_type, outcome).observe(seconds)
+
+    def refresh(self, stats: dict[str, Any], session_states: Iterable[str]) -> None:
+        blocks = stats["blocks"]
+        for state in ("free", "running", "preserved", "swapped_to_host"):
+            self.kv_blocks.labels("swapped" if state == "swapped_to_host" else state).set(blocks.get(state, 0))
+        waste = stats["waste"]["by_kind"]
+        for kind, v in waste.items():
+            self.waste_token_s.labels(kind).set(v["token_s"])
+            self.waste_gb_min.labels(kind).set(v["gb_min"])
+        self.recompute_share.set(stats["waste"]["recompute_share_of_forward"])
+        totals = stats["totals"]
+        self.recomputed.set(totals["recomputed_tokens"])
+        self.prefix_hits.set(totals["prefix_hit_tokens"])
+        self.engine_intercepts.set(totals["intercepts"])
+        self.paused.set(stats["paused"])
+        swap = stats.get("swap") or {}
+        per_token = (swap.get("kv_bytes_per_token") or 0)
+        self.swap_bytes.labels("out").set(swap.get("tokens_out", 0) * per_token)
+        self.swap_bytes.labels("in").set(swap.get("tokens_in", 0) * per_token)
+        tally = TallyCounter(session_states)
+        for state in ("generating", "in_tool", "awaiting_user"):
+            self.sessions.labels(state).set(tally.get(state, 0))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,128 @@
+"""The offline augmentations, run for real: TextWorld games, the Stable Diffusion pipeline, Piper
+speech, and the human channel. Each one's error path becomes an observation (ToolError), never a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import struct
+import wave
+from pathlib import Path
+
+import pytest
+
+from augmentations.alfworld import TextGame
+from augmentations.base import CallContext, ToolError
+from augmentations.human import AskHuman
+from augmentations.image import ImageGen
+from augmentations.tts import Speech, wav_seconds
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Generated games and the tiny SD pipeline go to a per-run home (they are built, not downloaded).
+    return tmp_path_factory.mktemp("infercept-home")
+
+
+async def test_text_game_plays_real_actions(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERCEPT_HOME", str(home))
+    game = TextGame(generated=2)
+    ctx = CallContext(session_id="s1")
+    intro = await game.run("", ctx)
+    assert "-= " in intro.content  # a room heading, from the game engine
+    assert "TextWorld" in intro.content or "win" in intro.content.lower()
+    inv = await game.run("inventory", ctx)
+    assert inv.content.startswith("You are carrying")
+    # The engine rejects nonsense in its own words; the session goes on.
+    nonsense = await game.run("fly to the moon", ctx)
+    assert nonsense.content and not nonsense.error
+    # Another session plays its own game state.
+    other = await game.run("look", CallContext(session_id="s2"))
+    assert other.content
+    assert len(list((home / "games").glob("*.z8"))) == 2
+    await game.close()
+
+
+async def test_text_game_can_be_won(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Walk the quest's own winning policy (from the game's metadata) through the real engine."""
+    import textworld
+
+    monkeypatch.setenv("INFERCEPT_HOME", str(home))
+    game = TextGame(generated=2)
+    ctx = CallContext(session_id="winner")
+    await game.run("start", ctx)
+    play = game._plays["winner"]
+    walkthrough = textworld.Game.load(str(play.game.with_suffix(".json"))).metadata.get("walkthrough") or \
+        textworld.Game.load(str(play.game.with_suffix(".json"))).main_quest.commands
+    last = None
+    for cmd in walkthrough:
+        last = await game.run(cmd, ctx)
+    assert last is not None and "You won the game" in last.content
+    assert play.env is None  # a finished game restarts on the next call
+    again = await game.run("look", ctx)
+    assert again.content
+    await game.close()
+
+
+async def test_text_game_missing_files_is_a_tool_error(tmp_path: Path) -> None:
+    game = TextGame(games=[str(tmp_path / "nope.z8")])
+    with pytest.raises(ToolError, match="not found"):
+        await game.run("look", CallContext(session_id="x"))
+
+
+async def test_image_generates_a_png_from_the_local_pipeline(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERCEPT_HOME", str(home))
+    tool = ImageGen(steps=2, size=64)
+    res = await tool.run("a red fox in the snow", CallContext())
+    (art,) = res.artifacts
+    assert art.mime == "image/png" and art.data[:8] == b"\x89PNG\r\n\x1a\n"
+    width, height = struct.unpack(">II", art.data[16:24])
+    assert (width, height) == (64, 64)
+    assert res.content == "An image of a red fox in the snow (64x64 PNG)."
+    assert (home / "models" / "tiny-sd" / "model_index.json").is_file()
+    # Seeded: the same prompt gives the same picture.
+    again = await tool.run("a red fox in the snow", CallContext())
+    assert again.artifacts[0].data == art.data
+    with pytest.raises(ToolError):
+        await tool.run("   ", CallContext())
+    with pytest.raises(ToolError, match="at most"):
+        await tool.run("x" * 1000, CallContext())
+    await tool.close()
+
+
+async def test_speech_returns_a_real_wav() -> None:
+    tool = Speech()
+    assert tool.backend in ("piper", "espeak-ng")
+    res = await tool.run("Hello from the offline speech engine.", CallContext())
+    (art,) = res.artifacts
+    assert art.mime == "audio/wav"
+    with wave.open(io.BytesIO(art.data)) as w:
+        assert w.getnframes() > 0 and w.getframerate() >= 8000
+        frames = w.readframes(w.getnframes())
+    assert any(b != 0 for b in frames[:20000])  # not silence
+    secs = wav_seconds(art.data)
+    assert 0.5 < secs < 10
+    assert res.content == f"Spoke 6 words ({secs:.1f} s of audio)."
+    with pytest.raises(ToolError):
+        await tool.run("", CallContext())
+    with pytest.raises(ValueError, match="backend"):
+        Speech(backend="nope")
+    await tool.close()
+
+
+async def test_ask_human_waits_for_the_answer() -> None:
+    tool = AskHuman()
+    answer: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+    asked: list[str] = []
+
+    async def ask(q: str) -> str:
+        asked.append(q)
+        return await answer
+
+    task = asyncio.create_task(tool.run("What time?", CallContext(extra={"ask_human": ask})))
+    await asyncio.sleep(0.05)
+    assert not task.done() and asked == ["What time?"]
+    answer.set_result("7 pm")
+    assert (await task).content == "7 pm"
+    with pytest.raises(ToolError, match="no human"):
+        await tool.run("anyone?", CallContext())

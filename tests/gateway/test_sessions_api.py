@@ -1,0 +1,374 @@
+"""The session API over a real server and engine (tiny model): tool calls with intercepts, the human
+and client-tool pauses, artifacts, errors, auth, isolation, disconnects, expiry and metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import struct
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from gateway.client import ApiError, AsyncClient, Event, SessionRef
+from tests.gateway.conftest import API_KEY, MAX_SESSIONS, Served
+
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+
+
+async def collect(events: AsyncIterator[Event]) -> list[Event]:
+    return [ev async for ev in events]
+
+
+def names(events: list[Event]) -> list[str]:
+    """Event names with runs of tokens collapsed."""
+    out: list[str] = []
+    for ev in events:
+        if ev.name == "token" and out and out[-1] == "token":
+            continue
+        out.append(ev.name)
+    return out
+
+
+async def all_free(served: Served, timeout: float = 10.0) -> dict[str, int]:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        counts = await served.gw.engine.check_integrity()
+        if counts["free"] == counts["total"] or asyncio.get_running_loop().time() > deadline:
+            return counts
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+async def sessions(served: Served) -> AsyncIterator[list[SessionRef]]:
+    """Sessions a test opens; all closed afterwards so each test starts with free KV."""
+    opened: list[SessionRef] = []
+    yield opened
+    for s in opened:
+        await served.client.close_session(s)
+
+
+async def new(served: Served, sessions: list[SessionRef], **kw: object) -> SessionRef:
+    s = await served.client.create_session(**kw)  # type: ignore[arg-type]
+    sessions.append(s)
+    return s
+
+
+async def test_health_models_and_auth(served: Served) -> None:
+    async with httpx.AsyncClient(base_url=served.url) as raw:
+        h = (await raw.get("/healthz")).json()
+        assert h == {"status": "ok", "model": "tiny", "policy": "infercept"}
+        r = await raw.post("/v1/sessions", json={})
+        assert r.status_code == 401 and r.json()["error"]["type"] == "unauthorized"
+        r = await raw.get("/v1/models", headers={"Authorization": "Bearer wrong"})
+        assert r.status_code == 401
+        r = await raw.get("/v1/models", headers=AUTH)
+        assert r.status_code == 200 and r.json()["data"][0]["id"] == "tiny"
+
+
+async def test_forced_calculator_call_streams_every_event(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["calculator"], max_tokens=48)
+    assert s.tools == ["Calculator"]
+    events = await collect(c.stream_message(s, "What is 2 plus 3?", tool_choice={"name": "calculator"}))
+    seq = names(events)
+    assert seq[:6] == ["token", "tool_call", "intercept", "tool_result", "resume", "token"] or \
+        seq[:5] == ["token", "tool_call", "intercept", "tool_result", "resume"], seq
+    assert seq[-1] == "done"
+    by = {ev.name: ev.data for ev in events if ev.name != "token"}
+    call_id = by["tool_call"]["call_id"]
+    assert by["tool_call"]["tool"] == "Calculator" and by["tool_call"]["executor"] == "server"
+    assert by["intercept"]["call_id"] == call_id and by["intercept"]["type"] == "math"
+    assert by["intercept"]["engine_policy"] == "infercept"
+    assert by["intercept"]["policy"] in ("preserve", "discard", "swap")
+    assert by["intercept"]["context_tokens"] > 100
+    # The random model's arguments are not arithmetic: the calculator's error is the observation.
+    assert by["tool_result"]["call_id"] == call_id and isinstance(by["tool_result"]["content"], str)
+    assert by["resume"]["call_id"] == call_id
+    assert by["resume"]["restored_by"] in ("preserve", "swap", "recompute", "prefix-cache", "partial-prefix-cache")
+    assert by["done"]["state"] == "awaiting_user" and by["done"]["usage"]["completion_tokens"] > 0
+    text = "".join(ev["text"] for ev in events if ev.name == "token")
+    assert re.search(r"Action: Calculator\[[^\]]+\]", text)
+
+    info = await c.get_session(s)
+    assert info["state"] == "awaiting_user"
+    assert [m["role"] for m in info["transcript"]] == ["user", "assistant", "tool", "assistant"]
+    [rec] = [i for i in info["intercepts"] if i["tool"] == "Calculator"]
+    assert rec["type"] == "math" and rec["duration_s"] is not None and rec["restored_by"] == by["resume"]["restored_by"]
+    assert info["calls"][0]["call_id"] == call_id
+
+
+async def test_non_streaming_and_second_message(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["calculator"], max_tokens=48)
+    first = await c.send_message(s, "Hello", tool_choice="none")
+    assert first["state"] == "awaiting_user" and first["events"][-1]["event"] == "done"
+    assert first["text"].startswith("Thought: ") and "\nAnswer: " in first["text"]
+    assert first["reply"] == first["text"].split("Answer: ", 1)[1].strip()
+    # The next message resumes the turn-end (chat) intercept of the same engine request.
+    second = await c.send_message(s, "And now?")
+    kinds = [e["event"] for e in second["events"]]
+    assert kinds[0] == "resume" and second["events"][0]["call_id"] is None and kinds[-1] == "done"
+    info = await c.get_session(s)
+    assert [m["role"] for m in info["transcript"]] == ["user", "assistant", "user", "assistant"]
+    assert sum(1 for i in info["intercepts"] if i["type"] == "chat") >= 1
+
+
+async def test_ask_human_pauses_until_the_next_message(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["human"], max_tokens=48)
+    first = await collect(c.stream_message(s, "Book a table", tool_choice={"name": "AskHuman"}))
+    done = first[-1]
+    assert done.name == "done" and done["state"] == "awaiting_user" and done["finish_reason"] == "ask_human"
+    call = done["pending_call"]
+    assert call["tool"] == "AskHuman" and call["kind"] == "human"
+    intercept = next(e for e in first if e.name == "intercept")
+    assert intercept["type"] == "chat" and intercept["expected_duration_s"] == pytest.approx(28.6)
+    assert (await c.get_session(s))["state"] == "awaiting_user"
+    answer = await collect(c.stream_message(s, "7 pm, two people"))
+    assert names(answer)[:2] == ["tool_result", "resume"] and answer[-1].name == "done"
+    assert answer[0]["call_id"] == call["call_id"] and answer[0]["content"] == "7 pm, two people"
+    info = await c.get_session(s)
+    assert info["calls"][0]["result"] == "7 pm, two people" and info["calls"][0]["duration_s"] > 0
+
+
+async def test_client_tool_round_trip(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=[], client_tools=[{"name": "lookup", "description": "find a record", "type": "qa", "expected_s": 2.0}],
+                  max_tokens=48)
+    first = await collect(c.stream_message(s, "Find order 12", tool_choice={"name": "lookup"}))
+    done = first[-1]
+    assert done["state"] == "in_tool" and done["finish_reason"] == "tool_calls"
+    call_id = done["pending_call"]["call_id"]
+    intercept = next(e for e in first if e.name == "intercept")
+    assert intercept["type"] == "qa" and intercept["expected_duration_s"] == 2.0
+    with pytest.raises(ApiError) as e:
+        await c.send_message(s, "hurry up")
+    assert e.value.status == 409 and e.value.kind == "awaiting_tool_result"
+    with pytest.raises(ApiError) as e:
+        await c.send_tool_result(s, "call_nope", "x")
+    assert e.value.status == 404
+    rest = await c.send_tool_result(s, call_id, "order 12: shipped")
+    kinds = [ev["event"] for ev in rest["events"]]
+    assert kinds[:2] == ["tool_result", "resume"] and kinds[-1] == "done"
+    with pytest.raises(ApiError) as e:
+        await c.send_tool_result(s, call_id, "again")
+    assert e.value.status == 409 and e.value.kind == "no_pending_call"
+
+
+async def test_image_and_speech_artifacts(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["image", "tts"], max_tokens=48)
+    for tool, mime in (("Image", "image/png"), ("TTS", "audio/wav")):
+        events = await collect(c.stream_message(s, "go", tool_choice={"name": tool}))
+        result = next(e for e in events if e.name == "tool_result")
+        assert not result["error"], result.data
+        (url,) = result["artifacts"]
+        assert url.startswith("/v1/artifacts/")
+        async with httpx.AsyncClient(base_url=served.url) as raw:
+            r = await raw.get(url)  # artifact URLs are capabilities: no key needed (an <img> can load them)
+        assert r.status_code == 200 and r.headers["content-type"] == mime
+        if mime == "image/png":
+            assert struct.unpack(">II", r.content[16:24]) == (64, 64)
+        else:
+            assert r.content[:4] == b"RIFF" and r.content[8:12] == b"WAVE"
+        intercept = next(e for e in events if e.name == "intercept")
+        assert intercept["type"] == tool.lower().replace("tts", "tts")
+    async with httpx.AsyncClient(base_url=served.url) as raw:
+        assert (await raw.get("/v1/artifacts/nope.png")).status_code == 404
+
+
+async def test_alfworld_tool_plays_the_session_game(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["alfworld"], max_tokens=48)
+    events = await collect(c.stream_message(s, "play", tool_choice={"name": "ALFWorld"}))
+    result = next(e for e in events if e.name == "tool_result")
+    assert "-= " in result["content"]  # the game's first observation (room heading)
+    assert next(e for e in events if e.name == "intercept")["type"] == "ve"
+
+
+async def test_bad_requests_get_clear_errors(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["calculator"])
+    h = {**AUTH, "X-Session-Token": s.token}
+    async with httpx.AsyncClient(base_url=served.url, headers=h) as raw:
+        async def err(method: str, path: str, status: int, kind: str, **kw: object) -> dict:
+            r = await raw.request(method, path, **kw)  # type: ignore[arg-type]
+            assert r.status_code == status, r.text
+            body = r.json()["error"]
+            assert body["type"] == kind and body["message"]
+            return body
+
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_json", content=b"{")
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_request", content=b"[1]")
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_request", json={"content": 5})
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_request", json={})
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_request", json={"content": "hi", "stream": "yes"})
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "invalid_request", json={"content": "hi", "tool_choice": "sometimes"})
+        await err("POST", f"/v1/sessions/{s.id}/messages", 400, "unknown_tool", json={"content": "hi", "tool_choice": {"name": "Image"}})
+        await err("POST", f"/v1/sessions/{s.id}/messages", 413, "message_too_long", json={"content": "x" * 20001})
+        body = await err("POST", f"/v1/sessions/{s.id}/messages", 413, "context_too_long", json={"content": "seven " * 3000})
+        assert body["limit"] == 2048 and body["tokens"] > 2048
+        await err("POST", "/v1/sessions", 400, "unknown_tool", json={"tools": ["abacus"]})
+        await err("POST", "/v1/sessions", 400, "invalid_request", json={"tools": "calculator"})
+        await err("POST", "/v1/sessions", 400, "invalid_request", json={"max_tokens": 0})
+        await err("POST", "/v1/sessions", 400, "invalid_request", json={"max_tokens": True})
+        await err("POST", "/v1/sessions", 400, "invalid_request", json={"client_tools": [{"name": "calculator"}], "tools": ["calculator"]})
+        await err("GET", "/v1/sessions/sess-nope", 404, "not_found")
+        await err("POST", f"/v1/sessions/{s.id}/tool_results", 409, "no_pending_call", json={"call_id": "c", "content": "x"})
+        await err("GET", "/v1/nothing-here", 404, "not_found")
+    # The session survived all of it.
+    ok = await c.send_message(s, "hi", tool_choice="none")
+    assert ok["state"] == "awaiting_user"
+
+
+async def test_session_isolation(served: Served, sessions: list[SessionRef]) -> None:
+    a = await new(served, sessions)
+    b = await new(served, sessions)
+    async with httpx.AsyncClient(base_url=served.url, headers=AUTH) as raw:
+        for path, method in ((f"/v1/sessions/{b.id}", "GET"), (f"/v1/sessions/{b.id}/messages", "POST"), (f"/v1/sessions/{b.id}", "DELETE")):
+            r = await raw.request(method, path, headers={"X-Session-Token": a.token}, json={"content": "x"})
+            assert r.status_code == 403 and r.json()["error"]["type"] == "forbidden"
+            r = await raw.request(method, path, json={"content": "x"})
+            assert r.status_code == 403
+    assert (await served.client.get_session(b))["state"] == "awaiting_user"
+
+
+async def test_too_many_sessions(served: Served, sessions: list[SessionRef]) -> None:
+    open_now = sum(1 for sid in served.gw.sessions if sid.startswith("sess-"))
+    for _ in range(MAX_SESSIONS - open_now):
+        await new(served, sessions)
+    with pytest.raises(ApiError) as e:
+        await new(served, sessions)
+    assert e.value.status == 429 and e.value.kind == "too_many_sessions"
+    await served.client.close_session(sessions.pop())
+    await new(served, sessions)  # room again
+
+
+async def test_busy_session_is_409_and_disconnect_aborts_and_frees_kv(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=[], max_tokens=2000)
+    before = served.gw.metrics.disconnects._value.get()
+    seen = 0
+    async with httpx.AsyncClient(base_url=served.url, headers={**AUTH, "X-Session-Token": s.token}) as raw:
+        async with raw.stream("POST", f"/v1/sessions/{s.id}/messages", json={"content": "Tell me a long story"}) as r:
+            assert r.status_code == 200
+            async for line in r.aiter_lines():
+                if line.startswith("event: token"):
+                    seen += 1
+                if seen == 3:
+                    # While it generates, a second message is refused.
+                    with pytest.raises(ApiError) as e:
+                        await c.send_message(s, "me too")
+                    assert e.value.status == 409 and e.value.kind == "session_busy"
+                    break  # leaving the block drops the connection mid-stream
+    counts = await all_free(served)
+    assert counts["free"] == counts["total"], counts
+    for _ in range(100):
+        if served.gw.metrics.disconnects._value.get() > before:
+            break
+        await asyncio.sleep(0.05)
+    assert served.gw.metrics.disconnects._value.get() == before + 1
+    info = await c.get_session(s)
+    assert info["state"] == "awaiting_user"
+    prompt = len(served.gw.engine.encode(served.gw.prompts.opening(None, [], [], "Tell me a long story")))
+    assert info["context_tokens"] >= prompt + 3  # what was generated before the abort stays in the context
+    # The session is still usable.
+    again = await c.send_message(s, "Short answer please", tool_choice="none")
+    assert again["state"] == "awaiting_user"
+
+
+async def test_delete_frees_kv_and_idle_sessions_expire(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=["calculator"])
+    await c.send_message(s, "hi", tool_choice="none")
+    stats = await c.stats()
+    assert stats["blocks"]["preserved"] + stats["blocks"].get("swapped_to_host", 0) > 0 or stats["totals"]["intercepts"] > 0
+    await c.close_session(s)
+    sessions.remove(s)
+    with pytest.raises(ApiError) as e:
+        await c.get_session(s)
+    assert e.value.status == 404
+    counts = await all_free(served)
+    assert counts["free"] == counts["total"]
+
+    idle = await new(served, sessions)
+    await c.send_message(idle, "hi", tool_choice="none")
+    served.gw.sessions[idle.id].last_active_s -= served.gw.config.server.session_idle_s + 1
+    assert await served.gw.expire_idle() == 1
+    with pytest.raises(ApiError) as e:
+        await c.get_session(idle)
+    assert e.value.status == 404
+    sessions.remove(idle)
+    assert (await all_free(served))["free"] == counts["total"]
+
+
+async def test_delete_while_generating_ends_the_stream(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+    s = await new(served, sessions, tools=[], max_tokens=2000)
+    events: list[Event] = []
+
+    async def read() -> None:
+        async for ev in c.stream_message(s, "Tell me a long story"):
+            events.append(ev)
+
+    reader = asyncio.create_task(read())
+    while not events:
+        await asyncio.sleep(0.02)
+    await c.close_session(s)
+    sessions.remove(s)
+    await asyncio.wait_for(reader, 10)
+    assert events[-1].name == "error" and events[-1]["type"] == "session_closed"
+    assert (await all_free(served))["free"] == (await served.gw.engine.check_integrity())["total"]
+
+
+async def test_metrics_move_with_intercepts(served: Served, sessions: list[SessionRef]) -> None:
+    c = served.client
+
+    def value(text: str, name: str, **labels: str) -> float:
+        total = 0.0
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                if all(f'{k}="{v}"' in line for k, v in labels.items()):
+                    total += float(line.rsplit(" ", 1)[1])
+        return total
+
+    before = await c.metrics()
+    s = await new(served, sessions, tools=["calculator"], max_tokens=48)
+    await c.send_message(s, "2+2?", tool_choice={"name": "Calculator"})
+    after = await c.metrics()
+    assert value(after, "infercept_intercepts_total", type="math") == value(before, "infercept_intercepts_total", type="math") + 1
+    assert value(after, "infercept_tool_latency_seconds_count", tool="Calculator") == \
+        value(before, "infercept_tool_latency_seconds_count", tool="Calculator") + 1
+    assert value(after, "infercept_engine_intercepts") > value(before, "infercept_engine_intercepts")
+    total = sum(value(after, "infercept_kv_blocks", state=st) for st in ("free", "running", "preserved"))
+    assert total == 199  # 200 blocks less vLLM's null block
+    assert value(after, "infercept_sessions", state="awaiting_user") >= 1
+    for name in ("infercept_memory_waste_gb_minutes", "infercept_swap_bytes", "infercept_recomputed_tokens"):
+        assert name in after
+
+
+async def test_json_tool_calls_use_vllms_hermes_parser(served: Served) -> None:
+    from gateway.agent import parse_call
+
+    gw = served.gw
+    calls = gw.parse_json_calls('<tool_call>{"name": "tts", "arguments": {"text": "hello"}}</tool_call>')
+    assert calls == [("tts", '{"text": "hello"}')]
+    assert parse_call(gw, "tool_call", None, '{"name": "calculator", "arguments": {"expression": "2+2"}}') == ("calculator", "2+2")
+    assert parse_call(gw, "tool_call", None, "not json") == ("unparsable", "not json")
+    assert parse_call(gw, "react", "Calculator", " 1+1 ") == ("Calculator", "1+1")
+
+
+async def test_sync_client(served: Served) -> None:
+    from gateway.client import Client
+
+    def run() -> list[str]:
+        with Client(served.url, api_key=API_KEY) as c:
+            s = c.create_session(tools=["calculator"], max_tokens=48)
+            seq = [ev.name for ev in c.stream_message(s, "1+1?", tool_choice={"name": "Calculator"})]
+            c.close_session(s)
+            return seq
+
+    seq = await asyncio.to_thread(run)
+    assert "tool_call" in seq and "tool_result" in seq and seq[-1] == "done"
