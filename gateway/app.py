@@ -365,6 +365,16 @@ async def list_sessions(request: web.Request) -> web.Response:
         (st, gw.session_states().count(st)) for st in set(gw.session_states()))})
 
 
+@routes.get("/v1/tools")
+async def list_tools(request: web.Request) -> web.Response:
+    gw = gw_of(request)
+    hints = gw.registry.hints()
+    return web.json_response({"tools": [
+        {"name": ex.name, "type": ex.aug_type, "description": ex.description, "expected_s": hints[ex.name].expected_s,
+         "timeout_s": gw.timeouts.get(ex.name) or gw.config.server.tool_timeout_s}
+        for ex in (gw.registry.get(n) for n in gw.registry.names())]})
+
+
 @routes.get("/v1/artifacts/{aid}")
 async def get_artifact(request: web.Request) -> web.Response:
     gw = gw_of(request)

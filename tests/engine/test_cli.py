@@ -41,14 +41,22 @@ def test_missing_model_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
         models._gguf_source()
 
 
-def test_serve_once_starts_the_real_engine() -> None:
+def test_serve_once_starts_the_gateway_and_engine() -> None:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
     exe = Path(sys.executable).parent / "infercept"
     proc = subprocess.run(
-        [str(exe), "serve", "--model", "tiny", "--dtype", "float32", "--max-model-len", "512", "--once"],
+        [str(exe), "serve", "--model", "tiny", "--dtype", "float32", "--max-model-len", "1024", "--port", str(port), "--once"],
         capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "infercept engine ready" in proc.stdout and "policy=preserve" in proc.stdout
+    assert f"infercept ready in" in proc.stdout and f"http://127.0.0.1:{port}" in proc.stdout
+    assert "policy=infercept" in proc.stdout  # the shipped config's policy
+    assert "tools=Calculator,Wikipedia,ALFWorld,Image,TTS,AskHuman" in proc.stdout
+    assert f'GET /healthz -> 200 {{"status": "ok", "model": "tiny", "policy": "infercept"}}' in proc.stdout
 
 
 def test_serve_rejects_a_bad_config(tmp_path: Path) -> None:

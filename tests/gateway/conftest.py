@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
+from engine_adapter.config import EngineConfig
 from gateway.app import Gateway, create_app
 from gateway.client import AsyncClient
 from gateway.config import DEFAULT_AUGMENTATIONS, GatewayConfig, ServerConfig
@@ -48,4 +49,20 @@ async def served() -> AsyncIterator[Served]:
         yield Served(gw, url, client)
     finally:
         await client.aclose()
+        await server.close()
+
+
+@pytest_asyncio.fixture(scope="session")
+async def default_url() -> AsyncIterator[str]:
+    """A gateway on the offline default model (SmolLM2-135M-Instruct), no API key."""
+    gw = Gateway(EngineConfig(model="default", policy="infercept", max_model_len=2048, max_num_seqs=8),
+                 GatewayConfig(server=ServerConfig(max_tokens=64), augmentations={"calculator": {}, "wikipedia": {}}))
+    server = TestServer(create_app(gw), host="127.0.0.1")
+    await server.start_server()
+    base = str(server.make_url("")).rstrip("/")
+    async with AsyncClient(base) as c:
+        await c.wait_ready(300)
+    try:
+        yield base
+    finally:
         await server.close()
