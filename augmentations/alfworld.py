@@ -64,9 +64,13 @@ class TextGame:
     aug_type = "ve"
     description = "act in a text-based household environment; the argument is one command such as 'go north' or 'take apple'"
 
-    def __init__(self, games: Sequence[str] = (), generated: int = 4, seed: int = 0, max_moves: int = 100) -> None:
+    def __init__(self, games: Sequence[str] = (), generated: int = 4, seed: int = 0, max_moves: int = 100,
+                 show_commands: bool = True) -> None:
         self._games_setting = [Path(g) for g in games]
         self._generated, self._seed, self.max_moves = generated, seed, max_moves
+        # List the commands the game accepts after each observation (TextWorld's admissible commands):
+        # small models need it to act sensibly; set False for the harder, paper-style setting.
+        self.show_commands = show_commands
         self._games: list[Path] | None = None
         self._plays: dict[str, _Play] = {}
         self._init_lock = asyncio.Lock()
@@ -100,8 +104,7 @@ class TextGame:
         env = textworld.start(str(game), request_infos=infos)
         return env, env.reset()
 
-    @staticmethod
-    def _format(state: Any, intro: bool) -> str:
+    def _format(self, state: Any, intro: bool) -> str:
         text = (state.feedback or "").strip()
         if intro:
             # The game's banner is ASCII art; the model needs the prose after it.
@@ -111,6 +114,9 @@ class TextGame:
             text += f" You won the game (score {state.get('score')}/{state.get('max_score')})."
         elif state.get("lost"):
             text += " You lost the game."
+        elif self.show_commands and state.get("admissible_commands"):
+            cmds = [c for c in state["admissible_commands"] if c not in ("look", "inventory") and not c.startswith("examine")]
+            text += " Commands: " + ", ".join(cmds) + "."
         return text
 
     async def run(self, args: str, ctx: CallContext) -> ToolResult:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from common import connect, parser, show
 
+from gateway.client import ApiError
+
 
 def main() -> int:
     p = parser(__doc__ or "")
@@ -17,7 +19,14 @@ def main() -> int:
     s = c.create_session(tools=["alfworld"], max_tokens=64)
     steps, won, message = 0, False, "Play the game until you win. Start by looking around."
     while steps < args.max_steps and not won:
-        done = show(c.stream_message(s, message), args.quiet)
+        try:
+            # Each message forces one game action (tool_choice); the model may chain more itself.
+            done = show(c.stream_message(s, message, tool_choice={"name": "ALFWorld"}), args.quiet)
+        except ApiError as e:
+            if e.status == 413:
+                print(f"\nthe context is full ({e.message}); stopping")
+                break
+            raise
         info = c.get_session(s)
         calls = [x for x in info["calls"] if x["tool"] == "ALFWorld"]
         won = any("You won the game" in (x["result"] or "") for x in calls)
@@ -26,7 +35,7 @@ def main() -> int:
         if done.name == "error" or new_steps == 0:
             message = "Use the ALFWorld tool: write Action: ALFWorld[a command]."
         else:
-            message = "Continue playing: choose the next command."
+            message = "Choose the next command from the list to reach the goal."
     print(f"\nresult: {'WON' if won else 'not won'} after {steps} game actions")
     stats = c.get_session(s)["intercepts"]
     by_policy: dict[str, int] = {}

@@ -374,6 +374,7 @@ class AgentSession:
             call.restored_by = restored
         self._emit("resume", call_id=call.call_id if call else None, tool=call.tool if call else None,
                    restored_by=restored, policy=rec.get("action") if rec else None,
+                   kv_fate=rec.get("kv_fate") if rec else None,
                    tokens_recomputed=rec.get("tokens_recomputed") if rec else None,
                    tokens_swapped_in=rec.get("tokens_swapped_in") if rec else None)
 

@@ -26,11 +26,15 @@ INSTRUCTIONS = (
 
 # One worked example per tool (question, assistant steps with observations). Keyed by the executors'
 # names; the observations are what the real tools return, shortened.
-EXAMPLES: dict[str, tuple[str, str]] = {
-    "Calculator": (
-        "A box holds 15 apples. How many apples are in 4 boxes?",
-        "Thought: I need to multiply 15 by 4.\nAction: Calculator[15*4]\nObservation: 60\nAnswer: 60",
-    ),
+EXAMPLES: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
+    "Calculator": [
+        ("A box holds 15 apples. How many apples are in 4 boxes?",
+         "Thought: I need to multiply 15 by 4.\nAction: Calculator[15*4]\nObservation: 60\nAnswer: 60"),
+        ("Tom has 120 dollars and spends 45. How much is left?",
+         "Thought: I need to subtract 45 from 120.\nAction: Calculator[120-45]\nObservation: 75\nAnswer: 75"),
+        ("A class has 18 girls and 17 boys. How many children are in the class?",
+         "Thought: I need to add 18 and 17.\nAction: Calculator[18+17]\nObservation: 35\nAnswer: 35"),
+    ],
     "Wikipedia": (
         "Who wrote the play Hamlet?",
         "Thought: I should look up Hamlet.\nAction: Wikipedia[Hamlet]\n"
@@ -40,10 +44,14 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "ALFWorld": (
         "Play the game until you win.",
         "Thought: I should see where I am.\nAction: ALFWorld[look]\n"
-        "Observation: -= Kitchen =- You see a table. On the table is an apple. Your task: put the apple in the fridge.\n"
-        "Thought: I should take the apple.\nAction: ALFWorld[take apple from table]\nObservation: You take the apple from the table.\n"
-        "Thought: Now put it in the fridge.\nAction: ALFWorld[put apple in fridge]\nObservation: You put the apple in the fridge. You won the game.\n"
-        "Answer: I won the game.",
+        "Observation: -= Kitchen =- You see a table. On the table is an apple. Your task: put the apple in the fridge. "
+        "Commands: take apple from table, open fridge, go east.\n"
+        "Thought: The task needs the apple, so I take it.\nAction: ALFWorld[take apple from table]\n"
+        "Observation: You take the apple from the table. Commands: open fridge, put apple on table, go east.\n"
+        "Thought: The fridge must be open first.\nAction: ALFWorld[open fridge]\n"
+        "Observation: You open the fridge. Commands: put apple in fridge, close fridge, go east.\n"
+        "Thought: Now the apple goes in the fridge.\nAction: ALFWorld[put apple in fridge]\n"
+        "Observation: You put the apple in the fridge. You won the game.\nAnswer: I won the game.",
     ),
     "Image": (
         "Draw a cat on a sofa.",
@@ -104,8 +112,8 @@ class PromptBuilder:
         msgs: list[dict[str, str]] = []
         for t in tools:
             ex = t.example or EXAMPLES.get(t.name) or generic_example(t)
-            if ex is not None:
-                msgs += [{"role": "user", "content": ex[0]}, {"role": "assistant", "content": ex[1]}]
+            for question, steps in ex if isinstance(ex, list) else [ex]:
+                msgs += [{"role": "user", "content": question}, {"role": "assistant", "content": steps}]
         return msgs
 
     def render(self, messages: Sequence[Mapping[str, str]], generation_prompt: bool = True) -> str:
