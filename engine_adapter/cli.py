@@ -166,7 +166,27 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--output-tokens", type=int, default=64)
     bench.add_argument("--out", default="results/bench_overhead.json")
     bench.set_defaults(func=_cmd_bench_overhead)
+    bench = sub.add_parser("bench", help="the paper's evaluation: policies side by side over request rates")
+    bench.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
+    bench.add_argument("--policies", help="comma-separated (default: all; --quick: discard,vllm-apc,infercept,no-intercept-limit)")
+    bench.add_argument("--rates", help="requests/s, comma-separated (default 3,6,9,12; --quick 4)")
+    bench.add_argument("--duration", type=float, help="seconds of arrivals per rate (default 10; --quick 6)")
+    bench.add_argument("--time-scale", type=float, help="multiply call durations (default 0.1; --quick 0.02)")
+    bench.add_argument("--kv-tokens", type=int, help="KV cache size in tokens (default 24576)")
+    bench.add_argument("--link-gbps", type=float, help="emulated swap link GB/s (default 0.25; 0 = off)")
+    bench.add_argument("--model", help="default: tiny (see benchmarks/runner.py for why)")
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--slo-factor", type=float, default=5.0)
+    bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
+    bench.add_argument("--out", default="results/bench")
+    bench.set_defaults(func=_cmd_bench)
     return p
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from benchmarks.runner import main as bench_main
+
+    return bench_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:

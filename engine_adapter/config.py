@@ -37,6 +37,11 @@ class EngineConfig:
     # waste equations and swap budgets use (None: configs/profiles/<model>-<device>.json if present,
     # else built-in defaults, which the engine logs).
     swap_space_gib: float = 1.0
+    # Emulated device<->host link (GB/s) for swaps, for experiments on machines whose copies are far
+    # cheaper than a GPU's PCIe link (RAM to RAM here): each iteration's copies take at least
+    # bytes / link, overlapped with that iteration's forward pass (what outlasts it stalls), and the
+    # policy's swap budgets use the link's bandwidth. None: the real copies, unthrottled.
+    swap_link_gbps: float | None = None
     profile: str | None = None
     # Call-duration estimate for `infercept`: prior (type distribution, default) | dynamic | oracle.
     estimator: str = "prior"
@@ -57,6 +62,8 @@ class EngineConfig:
         names = [t.name for t in self.triggers]
         if len(set(names)) != len(names):
             raise ValueError(f"trigger names must be unique: {names}")
+        if self.swap_link_gbps is not None and not (self.swap_link_gbps > 0 and math.isfinite(self.swap_link_gbps)):
+            raise ValueError("swap_link_gbps must be a positive number of GB/s")
         if self.swap_space_gib < 0:
             raise ValueError("swap_space_gib must be >= 0")
         from engine_adapter.policy.estimator import ESTIMATORS
@@ -83,6 +90,7 @@ class EngineConfig:
             "turn_end_type": self.turn_end_type,
             "demotion_reserve_blocks": self.demotion_reserve_blocks,
             "profile": self.profile,
+            "swap_link_gbps": self.swap_link_gbps,
             "estimator": self.estimator,
             "augmentation_priors": self.augmentation_priors,
         }
@@ -101,6 +109,7 @@ class CoreConfig:
     profile: str | None = None
     estimator: str = "prior"
     augmentation_priors: str | None = None
+    swap_link_gbps: float | None = None
 
     @classmethod
     def from_additional_config(cls, additional: Mapping[str, Any] | None) -> CoreConfig:
@@ -115,6 +124,7 @@ class CoreConfig:
             profile=d.get("profile"),
             estimator=str(d.get("estimator", "prior")),
             augmentation_priors=d.get("augmentation_priors"),
+            swap_link_gbps=d.get("swap_link_gbps"),
         )
 
 

@@ -268,7 +268,8 @@ class InterceptEngine:
                 kv_connector=CONNECTOR_NAME,
                 kv_connector_module_path=MODULE_PATH,
                 kv_role="kv_both",
-                kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib},
+                kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib,
+                                           "link_bytes_per_s": cfg.swap_link_gbps * 1e9 if cfg.swap_link_gbps else None},
             )
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.

@@ -55,6 +55,12 @@ class SwapMixin:
             prof = dataclasses.replace(prof, kv_bytes_per_token=conn.kv_bytes_per_token)
         else:
             prof = default_profile(model, device, conn.kv_bytes_per_token, f"no profile at {path}")
+        if self._ic.swap_link_gbps:
+            # Swaps go over an emulated link: budgets and stall accounting use its bandwidth, and
+            # copies overlap the forward pass as on a GPU's side stream.
+            link = self._ic.swap_link_gbps * 1e9
+            prof = dataclasses.replace(prof, swap_out_bytes_per_s=link, swap_in_bytes_per_s=link,
+                                       device=f"{prof.device}+link", source=f"{prof.source}; emulated link {self._ic.swap_link_gbps} GB/s")
         logger.info("InferCept profile: %s (S=%d tokens, M=%d B/token)", prof.source, prof.saturation_tokens, prof.kv_bytes_per_token)
         self._ic_profile = prof
         self._ic_swap = SwapPlanner(conn, prof, self.block_size)

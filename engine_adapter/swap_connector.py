@@ -32,6 +32,7 @@ page_size_bytes}`, the worker's per-layer KV tensors (the block dimension is fou
 from __future__ import annotations
 
 import contextlib
+import time
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -245,6 +246,11 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     # ============================================================== worker side
     def _init_worker(self) -> None:
+        extra = self._vllm_config.kv_transfer_config.kv_connector_extra_config or {}
+        link = extra.get("link_bytes_per_s")
+        self.link_bytes_per_s: float | None = float(link) if link else None
+        self._step_started = time.perf_counter()
+        self._step_bytes = 0
         self.kv: dict[str, torch.Tensor] = {}
         self.block_dim: dict[str, int] = {}
         self.host_kv: dict[str, torch.Tensor] = {}
@@ -289,11 +295,15 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if _DEBUG:
             logger.info("swap %s %s %s", "out" if to_host else "in", name, pairs)
         copy_blocks(self.kv[name], self.host_kv[name], self.block_dim[name], pairs, to_host)
+        t = self.kv[name]
+        self._step_bytes += len(pairs) * (t.numel() // t.shape[self.block_dim[name]]) * t.element_size()
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
         super().bind_connector_metadata(connector_metadata)
         self._saved.clear()
         self._loaded_step = False
+        self._step_started = time.perf_counter()
+        self._step_bytes = 0
 
     def _side(self) -> Any:
         """Context for issuing copies: the side stream on CUDA (ordered after the work so far)."""
@@ -336,6 +346,13 @@ class InterceptSwapConnector(KVConnectorBase_V1):
             self.start_load_kv(None)
         if self._stream is not None:
             self._stream.synchronize()
+        if self.link_bytes_per_s and self._step_bytes:
+            # Emulated link: this step's copies take bytes / bandwidth, overlapped with the forward
+            # pass; only the part that outlasts it holds the step back.
+            left = self._step_bytes / self.link_bytes_per_s - (time.perf_counter() - self._step_started)
+            self._step_bytes = 0
+            if left > 0:
+                time.sleep(left)
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Called after wait_for_save in the same step: this step's copies are complete.

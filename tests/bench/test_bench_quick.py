@@ -1,0 +1,40 @@
+"""`infercept bench --quick` end to end (real engines, the tiny model): the output must be complete
+and well-formed. No timing assertions: these machines are noisy."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_quick_bench_writes_complete_results(tmp_path: Path) -> None:
+    exe = Path(sys.executable).parent / "infercept"
+    proc = subprocess.run([str(exe), "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600, cwd=REPO, env={**os.environ})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "max rate@SLO" in proc.stdout
+    d = json.loads((tmp_path / "bench.json").read_text())
+    policies = ["discard", "vllm-apc", "infercept", "no-intercept-limit"]
+    assert d["policies"] == policies and d["workload"] == "mixed"
+    for key in ("command", "commit", "machine", "setting", "slo", "headline", "results", "requests_per_rate", "engines"):
+        assert key in d, key
+    assert d["command"].startswith("infercept bench --quick")
+    assert d["setting"]["model"] == "tiny" and d["setting"]["kv_capacity_tokens"] > 0
+    for p in policies:
+        h = d["headline"][p]
+        assert set(h) >= {"max_rate_at_slo", "ratio_vs_discard", "ratio_vs_vllm-apc", "ratio_vs_bound"}
+        (run,) = d["results"][p].values()
+        assert run["requests"] > 0 and run["completed"] + run["timed_out"] + run["failed"] >= run["requests"] - run["failed"]
+        assert run["kv_integrity_after"]["free"] == run["kv_integrity_after"]["total"]  # nothing leaked
+        for k in ("normalized_latency_s", "ttft_s", "throughput_rps", "waste", "waste_share_of_capacity_time",
+                  "recompute_share_of_forward", "swap_stall_s"):
+            assert k in run
+        assert set(run["waste"]) == {"preserved_idle", "recompute", "swap_stall"}
+    for png in d["plots"]:
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert {"fig2_latency_vs_rate.png", "fig3_ablation.png"} <= set(d["plots"])
