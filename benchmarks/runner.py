@@ -88,6 +88,8 @@ class Setting:
     max_context: int = 3500
     drain_s: float = 45.0  # after the last arrival, wait at most this long for requests to finish
     priors_path: str | None = None  # Table 1 with durations scaled by time_scale (written by bench())
+    # The tiny model's measured profile (T_fwd grid, S = 512 tokens, M): what infercept's equations use.
+    profile: str | None = str(REPO / "configs" / "profiles" / "tiny-cpu-bench.json")
 
     def engine_config(self, v: Variant) -> Any:
         from engine_adapter.config import EngineConfig
@@ -99,7 +101,7 @@ class Setting:
             model=self.model, policy=v.policy, dtype=self.dtype, block_size=self.block_size, num_kv_blocks=blocks,
             max_model_len=self.max_model_len, max_num_seqs=self.max_num_seqs, swap_space_gib=self.swap_space_gib,
             swap_link_gbps=self.swap_link_gbps, estimator=v.estimator, kv_cache_gib=1.0,
-            augmentation_priors=self.priors_path,
+            augmentation_priors=self.priors_path, profile=self.profile if self.model == "tiny" else None,
             # Continuum-style TTLs are set from call durations: scaled with them.
             ttl_s={k: t * self.time_scale for k, t in DEFAULT_TTL_S.items()},
         )
@@ -385,7 +387,7 @@ async def bench(workload: str, labels: Sequence[str], rates: Sequence[float], du
             bar.set_postfix_str(label)
             per_policy[label], engines[label] = await run_variant(VARIANTS[label], s, workloads, bar, calibrate=i == 0)
     head, slo_info = headline(per_policy, slo_factor, engines[labels[0]]["unloaded"])
-    prof_path = REPO / "configs" / "profiles" / f"{s.model}-cpu.json"
+    prof_path = Path(s.profile) if s.profile and s.model == "tiny" else REPO / "configs" / "profiles" / f"{s.model}-cpu.json"
     prof = json.loads(prof_path.read_text()) if prof_path.is_file() else None
     result: dict[str, Any] = {
         "command": command, "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),

@@ -35,7 +35,6 @@ class ServerConfig:
     tool_timeout_s: float = 60.0  # default per-call timeout (augmentations.<name>.timeout_s wins)
     artifact_store_mb: int = 256  # images and audio kept in memory (oldest dropped first)
     model_name: str | None = None  # the name /v1/models reports (default: the engine's model)
-    cors_origins: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -48,7 +47,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
     "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,),
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
-    "model_name": (str, type(None)), "cors_origins": (list, tuple),
+    "model_name": (str, type(None)),
 }
 
 
@@ -64,10 +63,7 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
             raise ValueError(f"server.{key} must be positive")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
-    values = dict(data)
-    if "cors_origins" in values:
-        values["cors_origins"] = tuple(str(o) for o in values["cors_origins"])
-    return ServerConfig(**values)
+    return ServerConfig(**data)
 
 
 def load_gateway_config(path: str | None, **server_overrides: Any) -> GatewayConfig:
