@@ -215,12 +215,7 @@ class AgentSession:
         if self.state == "closed":
             return
         self.state = "closed"
-        task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-        self._pending = None
+        await self._cancel_loop()
         # A response still reading this session's events ends with this.
         self._emit("error", type="session_closed", message="the session was closed")
         await self.es.close()
@@ -252,13 +247,17 @@ class AgentSession:
             if not finished:
                 await self._abort()
 
-    async def _abort(self) -> None:
+    async def _cancel_loop(self) -> None:
+        """Stop the loop task (aborting its generation in the engine) and forget a pending call."""
         task, self._task = self._task, None
         if task is not None and not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):
                 await task
         self._pending = None
+
+    async def _abort(self) -> None:
+        await self._cancel_loop()
         self._queue = asyncio.Queue()  # nothing stale reaches the next consumer
         if self.state != "closed":
             self.state = "idle"

@@ -317,16 +317,23 @@ async def respond(request: web.Request, gw: Gateway, events: AsyncIterator[Event
                               "text": "".join(d["text"] for n, d in collected if n == "token"), "events": out})
 
 
+def message_content(gw: Gateway, body: dict[str, Any]) -> str:
+    """The required 'content' string of a message or tool result, within the configured size."""
+    content: str = field(body, "content", str, required=True)
+    limit = gw.config.server.max_message_chars
+    if len(content) > limit:
+        raise ApiError(413, "message_too_long", f"'content' has {len(content)} characters; the limit is {limit}")
+    return content
+
+
 @routes.post("/v1/sessions/{sid}/messages")
 async def post_message(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)
     s = gw.session_for(request)
     body = await read_json(request)
-    content = field(body, "content", str, required=True)
+    content = message_content(gw, body)
     if not content.strip():
         raise ApiError(400, "invalid_request", "'content' is empty")
-    if len(content) > gw.config.server.max_message_chars:
-        raise ApiError(413, "message_too_long", f"'content' has {len(content)} characters; the limit is {gw.config.server.max_message_chars}")
     stream = field(body, "stream", bool, default=True)
     return await respond(request, gw, s.send_message(content, parse_tool_choice(body)), stream, "messages")
 
@@ -350,9 +357,7 @@ async def post_tool_result(request: web.Request) -> web.StreamResponse:
     s = gw.session_for(request)
     body = await read_json(request)
     call_id = field(body, "call_id", str, required=True)
-    content = field(body, "content", str, required=True)
-    if len(content) > gw.config.server.max_message_chars:
-        raise ApiError(413, "message_too_long", f"'content' has {len(content)} characters; the limit is {gw.config.server.max_message_chars}")
+    content = message_content(gw, body)
     stream = field(body, "stream", bool, default=True)
     return await respond(request, gw, s.send_tool_result(call_id, content), stream, "tool_results")
 
