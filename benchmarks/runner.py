@@ -34,7 +34,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -212,7 +212,7 @@ def summarize(outs: list[Outcome], stats0: dict[str, Any], stats1: dict[str, Any
 
 async def unloaded_latency(engine: Any, reqs: list[Request], s: Setting, n: int = 10) -> dict[str, Any]:
     """The SLO's reference: requests run one at a time with zero-time calls, on an idle engine."""
-    bound = dataclasses.replace(VARIANTS["no-intercept-limit"])
+    bound = VARIANTS["no-intercept-limit"]
     lat = []
     for r in reqs[:n]:
         o = Outcome(r.rid, r.aug_type, 0.0)

@@ -139,20 +139,26 @@ def _trigger_from_yaml(item: Any) -> Trigger:
     raise ValueError(f"a trigger is a built-in name or {{name, pattern, end_chars}}, got {item!r}")
 
 
+def read_config_doc(path: str | None) -> Mapping[str, Any]:
+    """The top-level mapping of a YAML config file (empty without a path); shared by the engine's
+    and the gateway's loaders."""
+    import yaml
+
+    if path is None:
+        return {}
+    with open(path) as f:
+        doc = yaml.safe_load(f) or {}
+    if not isinstance(doc, Mapping):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return doc
+
+
 def load_engine_config(path: str | None, **overrides: Any) -> EngineConfig:
     """Read the `engine:` section of a YAML config (unknown keys are errors), then apply overrides
     (command-line flags; None values are ignored)."""
     import dataclasses
 
-    import yaml
-
-    data: dict[str, Any] = {}
-    if path is not None:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        data = dict(doc.get("engine") or {})
+    data: dict[str, Any] = dict(read_config_doc(path).get("engine") or {})
     data.update({k: v for k, v in overrides.items() if v is not None})
     known = {f.name for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(data) - known)

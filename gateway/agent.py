@@ -28,8 +28,6 @@ from typing import Any, Literal
 from augmentations.base import CallContext, ToolError, ToolResult
 from augmentations.registry import Registry, UnknownTool
 from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, Session, TokenDelta, TurnEnd
-from engine_adapter.hints import ToolHint
-from gateway.artifacts import ArtifactStore
 from gateway.prompts import PromptBuilder, ToolSpec
 
 log = logging.getLogger("infercept.gateway")
@@ -472,4 +470,4 @@ def json_args_to_text(args: str) -> str:
     return obj if isinstance(obj, str) else json.dumps(obj)
 
 
-__all__ = ["AgentError", "AgentSession", "CallRecord", "Event", "ToolHint", "parse_call"]
+__all__ = ["AgentError", "AgentSession", "CallRecord", "Event", "parse_call"]

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from augmentations.factory import validate_settings
+from engine_adapter.config import read_config_doc
 
 DEFAULT_AUGMENTATIONS: dict[str, dict[str, Any]] = {
     "calculator": {"timeout_s": 5},
@@ -67,17 +68,10 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
 
 
 def load_gateway_config(path: str | None, **server_overrides: Any) -> GatewayConfig:
-    import yaml
-
-    doc: Mapping[str, Any] = {}
-    if path is not None:
-        with open(path) as f:
-            doc = yaml.safe_load(f) or {}
-        if not isinstance(doc, Mapping):
-            raise ValueError(f"{path}: expected a mapping at the top level")
-        unknown = sorted(set(doc) - {"engine", "server", "augmentations"})
-        if unknown:
-            raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}")
+    doc = read_config_doc(path)
+    unknown = sorted(set(doc) - {"engine", "server", "augmentations"})
+    if unknown:
+        raise ValueError(f"{path}: unknown section(s) {', '.join(unknown)}")
     server = dict(doc.get("server") or {})
     server.update({k: v for k, v in server_overrides.items() if v is not None})
     augs = doc.get("augmentations")

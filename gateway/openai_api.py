@@ -161,7 +161,7 @@ def _tool_call(s: AgentSession, pending: Mapping[str, Any]) -> dict[str, Any]:
             "function": {"name": pending["tool"], "arguments": client_arguments(spec, pending["arguments"])}}
 
 
-async def _finish(gw: Gateway, s: AgentSession, text: str, last: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[dict[str, Any]]]:
+def _finish(gw: Gateway, s: AgentSession, text: str, last: Mapping[str, Any]) -> tuple[dict[str, Any], str | None, list[dict[str, Any]]]:
     """(message, finish_reason, tool_calls) for a finished loop."""
     pending = last.get("pending_call")
     if pending is not None and pending["kind"] == "client":
@@ -187,7 +187,7 @@ async def _complete(gw: Gateway, s: AgentSession) -> web.Response:
         elif name == "done":
             last = data
     text = "".join(parts)
-    message, reason, _ = await _finish(gw, s, text, last)
+    message, reason, _ = _finish(gw, s, text, last)
     usage = last.get("usage") or {"prompt_tokens": s.usage["prompt_tokens"], "completion_tokens": s.usage["completion_tokens"]}
     intercepts = [summarize_intercept(r) for r in await gw.engine.intercepts(s.id)]
     gw.metrics.messages.labels("chat_completions", "ok").inc()
@@ -231,7 +231,7 @@ async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.Str
                 return await sse.close()
             elif name == "done":
                 last = data
-    _, reason, calls = await _finish(gw, s, "".join(parts), last)
+    _, reason, calls = _finish(gw, s, "".join(parts), last)
     if calls:
         await chunk({"tool_calls": [{"index": 0, **c} for c in calls]})
     await chunk({}, reason, usage=last.get("usage"))

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from gateway.client import ApiError, AsyncClient, Event, SessionRef
+from gateway.client import ApiError, Event, SessionRef
 from tests.gateway.conftest import API_KEY, MAX_SESSIONS, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
