@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.workload import PRIORS, WORKLOADS, Request, ShareGPT, generate, load_table1, random_tokens
-from engine_adapter.policy.decide import DEFAULT_TTL_S
+from engine_adapter.policy.table import DEFAULT_TTL_S
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE1 = load_table1()
@@ -237,7 +237,7 @@ async def run_variant(v: Variant, s: Setting, workloads: dict[float, list[Reques
         await warm.close()
         unloaded = await unloaded_latency(engine, next(iter(workloads.values())), s) if calibrate else None
         for rate, reqs in workloads.items():
-            stats0 = await engine.stats()
+            stats0 = dataclasses.asdict(await engine.stats())
             outs = [Outcome(r.rid, r.aug_type, r.arrival_s) for r in reqs]
             t0 = time.monotonic() + 0.05
             tasks = [asyncio.create_task(replay(engine, r, v, s, t0, o)) for r, o in zip(reqs, outs)]
@@ -248,17 +248,16 @@ async def run_variant(v: Variant, s: Setting, workloads: dict[float, list[Reques
                 t.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
             wall = time.monotonic() - t0
-            stats1 = await engine.stats()
+            stats1 = dataclasses.asdict(await engine.stats())
             results[f"{rate:g}"] = summarize(outs, stats0, stats1, wall, cutoff) | {"rate": rate, "timed_out": len(pending)}
-            counts = await engine.check_integrity()
+            counts = dataclasses.asdict(await engine.check_integrity())
             results[f"{rate:g}"]["kv_integrity_after"] = counts
             progress.update(1)
-        info = await engine.stats()
+        info = dataclasses.asdict(await engine.stats())
     finally:
         await engine.shutdown()
     return results, {"policy": info["policy"], "blocks": info["blocks"], "block_size": info["block_size"], "unloaded": unloaded,
-                     "swap_profile": (info.get("swap") or {}).get("profile"),
-                     "saturation_tokens": (info.get("swap") or {}).get("saturation_tokens")}
+                     "swap_profile": info["profile"]["source"], "saturation_tokens": info["profile"]["saturation_tokens"]}
 
 
 def max_rate_at_slo(points: list[tuple[float, float | None]], slo: float) -> tuple[float, bool]:

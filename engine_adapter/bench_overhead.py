@@ -22,8 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TurnEnd
-from engine_adapter.models import resolve_model
+from engine_adapter.engine import InterceptEngine, TurnEnd, engine_args
 
 WORDS = (
     "agent tool call memory cache token batch request schedule latency model answer question search "
@@ -81,21 +80,13 @@ async def _run_intercept(engine: InterceptEngine, prompts: list[list[int]], w: W
 
 
 async def run(model: str, rounds: int, w: Workload, dtype: str, out: Path | None) -> dict[str, Any]:
-    from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
     cfg = EngineConfig(model=model, dtype=dtype, policy="preserve", max_num_seqs=w.requests, max_model_len=2048)
-    path = resolve_model(model)
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(cfg.kv_cache_gib)))  # same KV for both
-    stock = AsyncLLM.from_engine_args(
-        AsyncEngineArgs(
-            model=path, dtype=dtype, seed=cfg.seed, enforce_eager=True, max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=False, async_scheduling=False,
-            disable_log_stats=True,
-        )
-    )
     engine = InterceptEngine(cfg)
     await engine.start()
+    # The same engine arguments without the scheduler subclass: the same model, sizes and KV cache.
+    stock = await asyncio.to_thread(AsyncLLM.from_engine_args, engine_args(cfg, engine.model_path or model, intercept=False))
     prompts = w.prompts(engine.encode)
     rows: list[dict[str, float]] = []
     try:

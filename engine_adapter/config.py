@@ -6,12 +6,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from engine_adapter.policy.decide import DEFAULT_TTL_S, POLICY_NAMES
+from engine_adapter.policy.estimator import ESTIMATORS
+from engine_adapter.policy.table import DEFAULT_TTL_S, policy_spec
 from engine_adapter.triggers import DEFAULT_TRIGGERS, Trigger
 
 ADDITIONAL_CONFIG_KEY = "infercept"
+REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass(frozen=True)
@@ -49,8 +52,7 @@ class EngineConfig:
     log_stats: bool = False
 
     def __post_init__(self) -> None:
-        if self.policy not in POLICY_NAMES:
-            raise ValueError(f"unknown policy {self.policy!r}; choose one of {', '.join(POLICY_NAMES)}")
+        policy_spec(self.policy)  # raises for an unknown name, listing the known ones
         if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
             raise ValueError(f"unsupported dtype {self.dtype!r}")
         if self.kv_cache_gib <= 0 or not math.isfinite(self.kv_cache_gib):
@@ -66,8 +68,6 @@ class EngineConfig:
             raise ValueError("swap_link_gbps must be a positive number of GB/s")
         if self.swap_space_gib < 0:
             raise ValueError("swap_space_gib must be >= 0")
-        from engine_adapter.policy.estimator import ESTIMATORS
-
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of {', '.join(ESTIMATORS)}")
         for k, v in self.ttl_s.items():
@@ -78,7 +78,7 @@ class EngineConfig:
     def prefix_caching(self) -> bool:
         # Only the policy modelling today's vLLM keeps freed blocks hittable; every other policy
         # must really recompute what it discards, or the comparison would flatter discarding.
-        return self.policy == "vllm-apc"
+        return policy_spec(self.policy).prefix_caching
 
     def core_config(self) -> dict[str, Any]:
         """The JSON-able part the scheduler in the engine core needs."""

@@ -34,6 +34,8 @@ from typing import Any, Literal
 
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, EngineConfig
 from engine_adapter.hints import ToolHint, build_hints
+from engine_adapter.intercept.records import RECORDS_KEY, InterceptRecord
+from engine_adapter.intercept.reports import EngineStats, Integrity, from_dict
 from engine_adapter.models import resolve_model
 from engine_adapter.triggers import TriggerMatch, find_call
 
@@ -65,6 +67,14 @@ class TokenDelta:
 
 
 @dataclass(frozen=True)
+class Resumed:
+    """How the context of the previous pause came back (the first event of a turn that resumed a
+    paused request; it comes with the turn's first output)."""
+
+    intercept: InterceptRecord
+
+
+@dataclass(frozen=True)
 class TurnEnd:
     # tool_call: a trigger completed (the request is paused under the policy); stop: EOS, the model
     # waits for the next message (also paused); length: max_tokens or the context limit; aborted: the
@@ -74,9 +84,12 @@ class TurnEnd:
     text: str
     token_ids: list[int]
     context_tokens: int
+    # The pause this turn ended in, as the engine core recorded it (type, the policy's action, context
+    # tokens, expected duration); None when the request did not pause (aborted, or finished).
+    intercept: InterceptRecord | None = None
 
 
-TurnEvent = TokenDelta | TurnEnd
+TurnEvent = TokenDelta | Resumed | TurnEnd
 
 
 @dataclass
@@ -111,10 +124,25 @@ class Session:
         self._request_id: str | None = None
         self._segment = itertools.count()
         self._busy = False
+        self._last_pause: int | None = None  # intercept id of the pause the next turn resumes
 
     @property
     def open_in_engine(self) -> bool:
         return self._gen is not None
+
+    @property
+    def context_tokens(self) -> int:
+        """Tokens in the session's context: history plus the last sampled token, not yet fed back."""
+        return len(self.history) + (self._pending_last is not None)
+
+    def check_room(self, new_tokens: int) -> int:
+        """The context after appending `new_tokens`; ContextTooLong unless at least one token more
+        can be generated within the model's limit."""
+        total = self.context_tokens + new_tokens
+        limit = self.engine.config.max_model_len
+        if total >= limit:
+            raise ContextTooLong(total + 1, limit)
+        return total
 
     async def turn(self, new_tokens: Sequence[int] | str, max_tokens: int | None = None,
                    regex: str | None = None) -> AsyncIterator[TurnEvent]:
@@ -128,10 +156,8 @@ class Session:
         ids = self.engine.encode(new_tokens) if isinstance(new_tokens, str) else list(new_tokens)
         if not ids and self._pending_last is None and not self.history:
             raise EngineError("a session's first turn needs at least one token")
+        total = self.check_room(len(ids))
         limit = self.engine.config.max_model_len
-        total = len(self.history) + (self._pending_last is not None) + len(ids)
-        if total >= limit:
-            raise ContextTooLong(total + 1, limit)
         want = max_tokens if max_tokens is not None else self.max_tokens
         want = max(1, min(want, limit - total))
         self._busy = True
@@ -158,11 +184,17 @@ class Session:
 
         out_ids: list[int] = []
         text_parts: list[str] = []
+        pause: InterceptRecord | None = None
         gen = self._gen
         assert gen is not None
         try:
             while True:
                 out = await gen.__anext__()
+                for rec in _records(out):
+                    if rec.resumed_at_s is not None and rec.intercept_id == self._last_pause:
+                        yield Resumed(rec)
+                    elif rec.resumed_at_s is None:
+                        pause = rec
                 comp = out.outputs[0]
                 if comp.token_ids:
                     out_ids.extend(comp.token_ids)
@@ -195,12 +227,15 @@ class Session:
         if out.finished:
             # The request ended in the engine (e.g. the context limit): the next turn re-opens.
             self._drop_request(abort=False)
+            pause = None
+        self._last_pause = pause.intercept_id if pause is not None else None
         yield TurnEnd(
             reason="tool_call" if call is not None else ("length" if reason == "length" else "stop"),
             call=call,
             text=text,
             token_ids=out_ids,
-            context_tokens=len(self.history) + (self._pending_last is not None),
+            context_tokens=self.context_tokens,
+            intercept=pause,
         )
 
     def _open(self, first: _Input) -> None:
@@ -208,20 +243,21 @@ class Session:
         queue.put_nowait(first)
         self._queue = queue
         self._request_id = f"{self.id}-{next(self._segment)}"
-        self._gen = self.engine._generate(self, queue, self._request_id)
+        self._gen = self.engine.generate(self, queue, self._request_id)
 
     def _drop_request(self, abort: bool = True) -> None:
         gen, self._gen, self._queue = self._gen, None, None
+        self._last_pause = None  # a new request has no pause to resume
         if gen is not None and abort:
             # Closing the generator aborts the vLLM request (AsyncLLM.generate's GeneratorExit path).
-            self.engine._spawn(gen.aclose())
+            self.engine.spawn(gen.aclose())
 
     async def close(self) -> None:
         """End the session and free its KV wherever it lives. Idempotent."""
         if self.closed:
             return
         self.closed = True
-        self.engine._sessions.pop(self.id, None)
+        self.engine.forget(self.id)
         gen, queue = self._gen, self._queue
         self._gen = self._queue = None
         if gen is None:
@@ -252,46 +288,17 @@ class InterceptEngine:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from engine_adapter.policy import make_policy
-        from engine_adapter.swap_connector import CONNECTOR_NAME, MODULE_PATH
-
-        cfg = self.config
-        self.model_path = await asyncio.to_thread(resolve_model, cfg.model)
-        kv_transfer = None
-        if make_policy(cfg.policy).spec.uses_swap:
-            from vllm.config import KVTransferConfig
-
-            kv_transfer = KVTransferConfig(
-                kv_connector=CONNECTOR_NAME,
-                kv_connector_module_path=MODULE_PATH,
-                kv_role="kv_both",
-                kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib,
-                                           "link_bytes_per_s": cfg.swap_link_gbps * 1e9 if cfg.swap_link_gbps else None},
-            )
+        self.model_path = await asyncio.to_thread(resolve_model, self.config.model)
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(cfg.kv_cache_gib)))
-        args = AsyncEngineArgs(
-            model=self.model_path,
-            dtype=cfg.dtype,
-            seed=cfg.seed,
-            enforce_eager=True,
-            max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens,
-            block_size=cfg.block_size,
-            num_gpu_blocks_override=cfg.num_kv_blocks,
-            enable_prefix_caching=cfg.prefix_caching,
-            async_scheduling=False,  # the scheduler subclass extends the synchronous Scheduler
-            scheduler_cls=SCHEDULER_CLS,
-            kv_transfer_config=kv_transfer,
-            additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()},
-            disable_log_stats=not cfg.log_stats,
-        )
-        self.llm = AsyncLLM.from_engine_args(args)
+        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.config.kv_cache_gib)))
+        args = engine_args(self.config, self.model_path)
+        # Building the engine blocks for as long as the engine core takes to start (seconds to
+        # minutes): off the event loop, so that the process keeps serving (health checks answer
+        # "starting") meanwhile. AsyncLLM starts its output tasks lazily on the loop that first uses it.
+        self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.llm.get_tokenizer()
 
     async def shutdown(self) -> None:
@@ -357,7 +364,8 @@ class InterceptEngine:
             **session.sampling,
         )
 
-    def _generate(self, session: Session, queue: asyncio.Queue[_Input | None], request_id: str) -> AsyncGenerator[Any, None]:
+    def generate(self, session: Session, queue: asyncio.Queue[_Input | None], request_id: str) -> AsyncGenerator[Any, None]:
+        """The vLLM streaming-input request of one session segment (used by `Session`)."""
         from vllm.engine.protocol import StreamingInput
         from vllm.inputs import TokensPrompt
 
@@ -378,25 +386,77 @@ class InterceptEngine:
             kv_hints=build_hints(session.id, session.tools),
         )
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Any) -> None:
+        """Run a cleanup coroutine the engine awaits at shutdown (used by `Session`)."""
         task = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def forget(self, session_id: str) -> None:
+        """A session closed (used by `Session.close`)."""
+        self._sessions.pop(session_id, None)
 
     # ------------------------------------------------------------------ engine-core state
     async def _call(self, method: str, *args: Any) -> Any:
         return await self.llm.engine_core.call_utility_async("infercept_call", method, list(args))
 
-    async def stats(self) -> dict[str, Any]:
-        """Policy, KV blocks by state, intercept totals (see `InterceptScheduler.infercept_stats`)."""
-        return await self._call("stats")
+    async def stats(self) -> EngineStats:
+        """Policy, KV blocks by state, intercept totals, waste, swap (`InterceptCore.stats`)."""
+        return from_dict(EngineStats, await self._call("stats"))
 
-    async def intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        return await self._call("intercepts", session_id)
+    async def intercepts(self, session_id: str | None = None) -> list[InterceptRecord]:
+        """Every intercept the engine core keeps a record of (the last 10,000), or one session's."""
+        return [InterceptRecord.from_dict(d) for d in await self._call("intercepts", session_id)]
 
-    async def check_integrity(self) -> dict[str, int]:
-        """free + running + preserved == total, checked in the engine core; raises if broken."""
-        return await self._call("check_integrity")
+    async def check_integrity(self) -> Integrity:
+        """free + running + preserved == total, and the host buffer holds what the paused requests
+        own: checked in the engine core; raises if broken."""
+        return from_dict(Integrity, await self._call("check_integrity"))
 
     async def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None = None) -> bool:
+        """Refine the type / expected duration of a session's current pause."""
         return await self._call("tag", session_id, aug_type, expected_duration_s)
+
+
+def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -> Any:
+    """vLLM's `AsyncEngineArgs` for this configuration; `intercept=False` gives stock vLLM with the same
+    model, sizes and cache (the overhead benchmark's baseline)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    from engine_adapter.policy.table import policy_spec
+    from engine_adapter.swap_connector import CONNECTOR_NAME, MODULE_PATH
+
+    kv_transfer = None
+    if intercept and policy_spec(cfg.policy).swap:
+        from vllm.config import KVTransferConfig
+
+        kv_transfer = KVTransferConfig(
+            kv_connector=CONNECTOR_NAME,
+            kv_connector_module_path=MODULE_PATH,
+            kv_role="kv_both",
+            kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib,
+                                       "link_bytes_per_s": cfg.swap_link_gbps * 1e9 if cfg.swap_link_gbps else None},
+        )
+    extra = dict(scheduler_cls=SCHEDULER_CLS, kv_transfer_config=kv_transfer,
+                 additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()}) if intercept else {}
+    return AsyncEngineArgs(
+        model=model_path,
+        dtype=cfg.dtype,
+        seed=cfg.seed,
+        enforce_eager=True,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        block_size=cfg.block_size,
+        num_gpu_blocks_override=cfg.num_kv_blocks,
+        enable_prefix_caching=cfg.prefix_caching,
+        async_scheduling=False,  # the scheduler subclass extends the synchronous Scheduler
+        disable_log_stats=not cfg.log_stats,
+        **extra,
+    )
+
+
+def _records(out: Any) -> list[InterceptRecord]:
+    """The intercept records the engine core attached to an output (`InterceptScheduler`)."""
+    params = getattr(out, "kv_transfer_params", None)
+    return [InterceptRecord.from_dict(d) for d in (params or {}).get(RECORDS_KEY, ())]

@@ -6,7 +6,9 @@
   optional key `"__turn_end__"` for a turn that ends without a tool call (waiting for the human).
 
 With this table the scheduler knows the augmentation type at the very token that completes a call,
-with no round trip to the front end; `InterceptScheduler.infercept_tag` can refine it afterwards.
+with no round trip to the front end; `InterceptEngine.tag` can refine it afterwards. This module
+imports no vLLM at its top (the tool registry uses `ToolHint` without an engine); only `build_hints`
+needs vLLM's envelope classes.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
-
-from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
 
 PROTOCOL_VERSION = "1"
 TOOLS_ACTION = "infercept.tools"
@@ -29,16 +29,13 @@ class ToolHint:
     expected_s: float | None = None
 
 
-def build_hints(session_id: str, tools: Mapping[str, ToolHint]) -> KvHintsEnvelope:
-    payload = {
-        name: {"type": h.aug_type, "expected_s": h.expected_s} for name, h in tools.items()
-    }
-    action = KvHintAction(
-        action_id=f"{session_id}-tools",
-        action_type=TOOLS_ACTION,
-        action_version=PROTOCOL_VERSION,
-        payload=payload,
-    )
+def build_hints(session_id: str, tools: Mapping[str, ToolHint]) -> Any:
+    """The `KvHintsEnvelope` for a session's request."""
+    from vllm.v1.kv_hints import KvHintAction, KvHintsEnvelope
+
+    payload = {name: {"type": h.aug_type, "expected_s": h.expected_s} for name, h in tools.items()}
+    action = KvHintAction(action_id=f"{session_id}-tools", action_type=TOOLS_ACTION,
+                          action_version=PROTOCOL_VERSION, payload=payload)
     return KvHintsEnvelope(protocol_version=PROTOCOL_VERSION, message_id=session_id, actions=[action])
 
 
@@ -54,7 +51,8 @@ class SessionHints:
         return str(info.get("type", DEFAULT_TYPE)), (None if expected is None else float(expected))
 
 
-def parse_hints(env: KvHintsEnvelope | None) -> SessionHints:
+def parse_hints(env: Any) -> SessionHints:
+    """A request's `kv_hints` envelope (or None) as the session id and tool table."""
     if env is None:
         return SessionHints()
     tools: dict[str, Mapping[str, Any]] = {}

@@ -58,26 +58,23 @@ async def _decode_step_s(engine: InterceptEngine, batch: int, context: int, step
 
 
 def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int = 64, repeats: int = 5) -> tuple[float, float]:
-    """(out, in) bytes/s of the connector's block copies on this machine's device."""
+    """(out, in) bytes/s of the connector's block copies (`kv_copy.BlockCopier`) on this device."""
     import torch
 
-    from engine_adapter.swap_connector import copy_blocks
+    from engine_adapter.kv_copy import BlockCopier
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.randn((blocks * 2, *block_shape), dtype=torch.float32).to(dtype).to(device)
-    host = torch.zeros((blocks, *block_shape), dtype=dtype, pin_memory=device == "cuda")
+    copier = BlockCopier({"layer": dev}, {"layer": 0}, host_slots=blocks)
     pairs = [(i * 2, i) for i in range(blocks)]  # every other device block: a scattered request
-    nbytes = host.numel() * host.element_size()
+    nbytes = blocks * copier.block_bytes("layer")
 
     def timed(to_host: bool) -> float:
         times = []
         for _ in range(repeats):
-            if device == "cuda":
-                torch.cuda.synchronize()
             t0 = time.perf_counter()
-            copy_blocks(dev, host, 0, pairs, to_host=to_host)
-            if device == "cuda":
-                torch.cuda.synchronize()
+            (copier.copy_out if to_host else copier.copy_in)("layer", pairs)
+            copier.finish()
             times.append(time.perf_counter() - t0)
         return nbytes / statistics.median(times)
 

@@ -1,9 +1,6 @@
-"""Shared fixtures: one real vLLM engine per configuration, kept for the whole test session.
-
-vLLM's engine core runs in a child process; tests drive it through the same `InterceptEngine` facade
-the gateway uses. Engines are expensive (~20 s to start on 2 cores), so a session-scoped, parametrized
-fixture holds one per policy and pytest groups the tests that use it.
-"""
+"""What every test package shares: the offline environment and the tiny engine configuration. The
+engines themselves live in package-scoped fixtures (tests/engine, tests/gateway), shut down when their
+package is done, so that no more engines run at once than one package needs."""
 
 from __future__ import annotations
 
@@ -13,14 +10,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from collections.abc import AsyncIterator
-
-import pytest
-import pytest_asyncio
-
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine
-from engine_adapter.policy import POLICY_NAMES
 
 # Small on purpose: 23 usable blocks of 32 tokens (block 0 is vLLM's null block), so a handful of
 # sessions already overflow the cache. max_model_len must still fit in it.
@@ -44,13 +34,3 @@ def tiny_config(policy: str, **overrides: object) -> EngineConfig:
     )
     kw.update(overrides)
     return EngineConfig(**kw)  # type: ignore[arg-type]
-
-
-@pytest_asyncio.fixture(scope="session", params=POLICY_NAMES)
-async def policy_engine(request: pytest.FixtureRequest) -> AsyncIterator[InterceptEngine]:
-    engine = InterceptEngine(tiny_config(request.param))
-    await engine.start()
-    try:
-        yield engine
-    finally:
-        await engine.shutdown()

@@ -1,141 +1,61 @@
-"""What to do with a paused request's KV, per policy.
+"""Per-iteration decisions over paused requests: pure functions of numbers and ids (no vLLM, no torch),
+shared by the engine's intercept core and the simulator.
 
-The policies of the engine issue, as one mechanism with parameters (`PolicySpec`):
-
-| policy            | KV at the pause           | resume queued by     | prefix caching |
-|-------------------|---------------------------|----------------------|----------------|
-| discard           | freed (request ends)      | new arrival (back)   | off            |
-| vllm-apc          | freed (request ends)      | new arrival (back)   | on             |
-| improved-discard  | freed                     | original arrival     | off            |
-| preserve          | kept                      | original arrival     | off            |
-| ttl               | kept for ttl[type], freed | original arrival     | off            |
-| swap              | copied to host, freed     | original arrival     | off            |
-| infercept         | min-waste per iteration   | original arrival     | off            |
-
-`infercept` decides per iteration (see `infercept_plan`): swap out the paused requests that would waste
-the most within the swap-out budget, then preserve or discard the rest by the paper's Eq. 5.
-
-Under memory pressure every policy gives preserved KV back (`demotion_order`): a paused request never
-blocks a running or resuming one.
+* `demotion_order`: which preserved KV to give back first when running work needs the room (every
+  policy: a paused request never blocks a running or resuming one).
+* `ttl_expired`: which preserved KV has outlived its type's time-to-live (the `ttl` policy).
+* `min_waste`: the paper's per-iteration choice (Eq. 2, 4, 5): swap out the paused requests that would
+  waste the most within the swap-out budget, preserve or discard the rest, whichever wastes less.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from enum import Enum
+from dataclasses import dataclass, field
 
-
-class Action(str, Enum):
-    PRESERVE = "preserve"
-    DISCARD = "discard"
+from engine_adapter.policy.estimator import DurationEstimator
+from engine_adapter.policy.profile import Profile
+from engine_adapter.policy.waste import recompute_chunk_tokens, waste_chunked_discard_byte_s, waste_preserve_byte_s
 
 
 @dataclass(frozen=True)
 class PausedView:
-    """What a policy may know about one paused request."""
+    """What a decision may know about one paused request whose KV is on the device."""
 
     request_id: str
     aug_type: str
     context_tokens: int
     paused_at_s: float  # engine clock (monotonic seconds)
     expected_duration_s: float | None
-    preserved: bool  # its KV is still in the cache
 
 
-@dataclass(frozen=True)
-class PolicySpec:
-    name: str
-    discard_at_pause: bool
-    keep_arrival_time: bool
-    prefix_caching: bool
-    # Time-to-live per augmentation type ("default" for others); None = no TTL.
-    ttl_s: Mapping[str, float] | None = None
-    swap_at_pause: bool = False
-    min_waste: bool = False
+def demotion_order(views: Sequence[PausedView]) -> list[str]:
+    """Preserved requests to free first when running work needs blocks or slots: the one expected
+    back last goes first (expected return = pause + expected duration; unknown durations count as
+    returning never), ties broken by the larger context (frees more)."""
 
-    @property
-    def uses_swap(self) -> bool:
-        return self.swap_at_pause or self.min_waste
+    def expected_back(v: PausedView) -> float:
+        d = v.expected_duration_s
+        return math.inf if d is None else v.paused_at_s + d
+
+    order = sorted(views, key=lambda v: (expected_back(v), v.context_tokens), reverse=True)
+    return [v.request_id for v in order]
 
 
-POLICY_NAMES = ("discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept")
+def ttl_for(ttl_s: Mapping[str, float], aug_type: str) -> float:
+    """A type's time-to-live; types not in the table use its `default` entry (else live forever)."""
+    return float(ttl_s.get(aug_type, ttl_s.get("default", math.inf)))
 
 
-@dataclass
-class InterceptPolicy:
-    spec: PolicySpec
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    def on_pause(self, view: PausedView) -> Action:
-        if self.spec.discard_at_pause:
-            return Action.DISCARD
-        if self.spec.ttl_s is not None and self.ttl_for(view.aug_type) <= 0:
-            return Action.DISCARD
-        return Action.PRESERVE
-
-    def ttl_for(self, aug_type: str) -> float:
-        assert self.spec.ttl_s is not None
-        return float(self.spec.ttl_s.get(aug_type, self.spec.ttl_s.get("default", math.inf)))
-
-    def expired(self, views: Sequence[PausedView], now_s: float) -> list[str]:
-        """Preserved requests whose time-to-live ran out (only the `ttl` policy has any)."""
-        if self.spec.ttl_s is None:
-            return []
-        return [
-            v.request_id
-            for v in views
-            if v.preserved and now_s - v.paused_at_s >= self.ttl_for(v.aug_type)
-        ]
-
-    def demotion_order(self, views: Sequence[PausedView], now_s: float) -> list[str]:
-        """Preserved requests to free first when running work needs blocks or slots.
-
-        The one expected back last goes first (expected return = pause + expected duration; unknown
-        durations count as returning never), ties broken by the larger context (frees more).
-        """
-
-        def expected_back(v: PausedView) -> float:
-            d = v.expected_duration_s
-            return math.inf if d is None else v.paused_at_s + d
-
-        keep = sorted(
-            (v for v in views if v.preserved),
-            key=lambda v: (expected_back(v), v.context_tokens),
-            reverse=True,
-        )
-        return [v.request_id for v in keep]
-
-
-DEFAULT_TTL_S: dict[str, float] = {
-    # Continuum-style: keep the KV across calls expected to be short, drop it for long ones.
-    "math": 1.0,
-    "qa": 2.0,
-    "ve": 1.0,
-    "chat": 0.0,
-    "image": 0.0,
-    "tts": 0.0,
-    "default": 1.0,
-}
-
-
-def make_policy(name: str, ttl_s: Mapping[str, float] | None = None) -> InterceptPolicy:
-    specs = {
-        "discard": PolicySpec("discard", True, False, False),
-        "vllm-apc": PolicySpec("vllm-apc", True, False, True),
-        "improved-discard": PolicySpec("improved-discard", True, True, False),
-        "preserve": PolicySpec("preserve", False, True, False),
-        "ttl": PolicySpec("ttl", False, True, False, dict(ttl_s if ttl_s is not None else DEFAULT_TTL_S)),
-        "swap": PolicySpec("swap", False, True, False, swap_at_pause=True),
-        "infercept": PolicySpec("infercept", False, True, False, min_waste=True),
-    }
-    if name not in specs:
-        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
-    return InterceptPolicy(specs[name])
+def ttl_expired(views: Sequence[PausedView], ttl_s: Mapping[str, float], now_s: float) -> list[tuple[str, float]]:
+    """(request id, the moment its TTL ran out) for every view whose TTL ran out by `now_s`."""
+    out = []
+    for v in views:
+        expiry = v.paused_at_s + ttl_for(ttl_s, v.aug_type)
+        if now_s >= expiry:
+            out.append((v.request_id, expiry))
+    return out
 
 
 @dataclass(frozen=True)
@@ -156,28 +76,73 @@ class PausedCost:
 
 
 @dataclass(frozen=True)
-class IterationPlan:
-    swap_out: list[str]
-    discard: list[str]
-    preserve: list[str]
+class StepDecision:
+    """What a policy decided this iteration for paused requests whose KV is on the device; those not
+    named stay preserved."""
+
+    swap_out: list[str] = field(default_factory=list)
+    discard: list[str] = field(default_factory=list)
 
 
-def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int) -> IterationPlan:
+def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int) -> StepDecision:
     """The paper's per-iteration choice: sort paused requests by their minimum waste, largest first;
     swap out from the top while the swap-out budget and the host buffer allow; preserve or discard the
     rest, whichever wastes less. A request bigger than one iteration's budget still starts swapping
     (its copy continues over the next iterations) when it is first in line and the budget is unused,
     so large contexts are not starved."""
-    swap, discard, keep = [], [], []
+    swap, discard = [], []
     budget, host = swap_out_budget_blocks, host_free_blocks
     for c in sorted(costs, key=lambda c: c.waste, reverse=True):
         fits_host = c.context_blocks <= host
-        if fits_host and c.swap_worthwhile and c.waste > 0 and (c.context_blocks <= budget or (budget == swap_out_budget_blocks and budget > 0)):
+        first_in_line = budget == swap_out_budget_blocks and budget > 0
+        if fits_host and c.swap_worthwhile and c.waste > 0 and (c.context_blocks <= budget or first_in_line):
             swap.append(c.request_id)
             budget -= min(budget, c.context_blocks)
             host -= c.context_blocks
         elif c.waste_discard < c.waste_preserve:
             discard.append(c.request_id)
-        else:
-            keep.append(c.request_id)
-    return IterationPlan(swap_out=swap, discard=discard, preserve=keep)
+    return StepDecision(swap_out=swap, discard=discard)
+
+
+@dataclass(frozen=True)
+class DecisionInput:
+    """Everything a per-iteration decision function may use."""
+
+    now_s: float
+    paused: Sequence[PausedView]  # preserved on the device, not moving
+    profile: Profile
+    estimator: DurationEstimator
+    block_size: int
+    running_tokens: int  # context tokens of the running batch (C_other of Eq. 1 and 4)
+    running_requests: int
+    last_batch_tokens: int  # tokens the previous iteration scheduled (B_i of the swap limit)
+    swap_out_budget_tokens: int
+    host_free_blocks: int
+    prefix_caching: bool  # freed full blocks stay hittable, so a discard recomputes only the tail
+
+
+def paused_costs(inp: DecisionInput) -> list[PausedCost]:
+    """Eq. 2 and Eq. 4 for every paused request of the input."""
+    prof, est = inp.profile, inp.estimator
+    chunk = recompute_chunk_tokens(prof, inp.running_requests)
+    costs = []
+    for v in inp.paused:
+        ctx = v.context_tokens
+        remaining = est.remaining_s(v.aug_type, inp.now_s - v.paused_at_s, v.expected_duration_s)
+        round_trip = prof.t_swap_out_s(ctx) + prof.t_swap_in_s(ctx)
+        # With prefix caching, the full blocks of a discarded context stay hittable until reused
+        # (optimistic: under pressure they are reallocated first).
+        cached = ctx // inp.block_size * inp.block_size if inp.prefix_caching else 0
+        costs.append(PausedCost(
+            request_id=v.request_id,
+            context_blocks=ctx // inp.block_size,  # only full blocks travel
+            waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
+            waste_discard=waste_chunked_discard_byte_s(prof, ctx, inp.running_tokens, chunk, cached),
+            swap_worthwhile=remaining > round_trip + prof.t_fwd_s(max(1, inp.last_batch_tokens)),
+        ))
+    return costs
+
+
+def min_waste(inp: DecisionInput) -> StepDecision:
+    """The InferCept policy's decision function (Eq. 2, 4, 5 with the swap budget of Sec. 4.2)."""
+    return infercept_plan(paused_costs(inp), inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks)

@@ -54,6 +54,10 @@ class Profile:
         old = self._ratios.get(b, 1.0)
         self._ratios[b] = (1 - weight) * old + weight * (seconds / predicted)
 
+    def refinement(self) -> dict[int, float]:
+        """Observed / predicted iteration time per grid point (1.0 where nothing was observed)."""
+        return dict(self._ratios)
+
     def t_fwd_s(self, tokens: float) -> float:
         """Forward time of an iteration with `tokens` query tokens: linear between measured points,
         extrapolated linearly past the last one (and proportionally below the first), scaled by what

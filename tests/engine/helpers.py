@@ -31,7 +31,7 @@ async def wait_all_free(engine: InterceptEngine) -> dict[str, int]:
     engine core asynchronously); returns the last counts either way."""
     counts = await engine.check_integrity()
     for _ in range(100):
-        if counts["free"] == counts["total"] and counts.get("host_tokens", 0) == 0:
+        if counts.free == counts.total and counts.host_tokens == 0:
             break
         await asyncio.sleep(0.05)
         counts = await engine.check_integrity()

@@ -15,7 +15,7 @@ PROMPT_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda 
 async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEngine) -> None:
     engine = policy_engine
     prompts = [engine.encode(f"Session {i}: " + " ".join([PROMPT_WORDS] * 4)) for i in range(N_SESSIONS)]
-    block = (await engine.stats())["block_size"]
+    block = (await engine.stats()).block_size
     per_session_blocks = -(-(len(prompts[0]) + 8) // block)
     assert per_session_blocks * N_SESSIONS > TINY_KV_BLOCKS - 1  # really more than the cache holds
     assert N_SESSIONS > TINY_MAX_SEQS
@@ -44,29 +44,29 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
     assert not integrity_failures
 
     stats = await engine.stats()
-    totals = stats["totals"]
+    totals = stats.totals
     print(engine.config.policy, totals)
-    assert totals["intercepts"] == 3 * N_SESSIONS  # every turn ended in a pause
-    assert totals["resumed"] == 2 * N_SESSIONS
+    assert totals.intercepts == 3 * N_SESSIONS  # every turn ended in a pause
+    assert totals.resumed == 2 * N_SESSIONS
     if engine.config.policy in ("preserve", "ttl"):
         # The cache cannot hold all paused sessions: some preserved KV had to be given back.
-        assert totals["demoted"] + totals["ttl_expired"] > 0
+        assert totals.demoted + totals.ttl_expired > 0
     if engine.config.policy in ("swap", "infercept"):
-        assert totals["swapped_out"] > 0 and totals["swapped_in_tokens"] > 0
+        assert totals.swapped_out > 0 and totals.swapped_in_tokens > 0
     # Memory waste by kind, measured over the real iterations.
-    waste = stats["waste"]
-    kinds = waste["by_kind"]
-    assert waste["forward_s"] > 0 and 0 <= waste["recompute_share_of_forward"] <= 1
-    if totals["recomputed_tokens"] > 0:
-        assert waste["recompute_forward_s"] > 0 and kinds["recompute"]["gb_min"] > 0
+    waste = stats.waste
+    kinds = waste.by_kind
+    assert waste.forward_s > 0 and 0 <= waste.recompute_share_of_forward <= 1
+    if totals.recomputed_tokens > 0:
+        assert waste.recompute_forward_s > 0 and kinds["recompute"].gb_min > 0
     if engine.config.policy in ("preserve", "ttl"):
-        assert kinds["preserved_idle"]["token_s"] > 0
+        assert kinds["preserved_idle"].token_s > 0
     if engine.config.policy in ("swap", "infercept"):
-        assert kinds["swap_stall"]["token_s"] > 0  # CPU copies share the cores with the forward
+        assert kinds["swap_stall"].token_s > 0  # CPU copies share the cores with the forward
     for s in sessions:
         await s.close()
     await asyncio.sleep(0.1)
     counts = await engine.check_integrity()
-    assert counts["free"] == counts["total"], counts
+    assert counts.free == counts.total, counts
     after = await engine.stats()
-    assert after["paused"] == 0 and after["running"] == 0
+    assert after.paused == 0 and after.running == 0

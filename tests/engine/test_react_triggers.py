@@ -13,7 +13,7 @@ from augmentations.base import CallContext
 from augmentations.calculator import Calculator
 from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TurnEnd
+from engine_adapter.engine import InterceptEngine, TokenDelta, TurnEnd
 
 FEW_SHOT = """Answer the question. Use the calculator for arithmetic.
 
@@ -59,7 +59,7 @@ async def test_react_call_pauses_at_the_trigger_and_resumes_exactly(smol: Interc
     async for ev in s.turn(prompt):
         if isinstance(ev, TurnEnd):
             end = ev
-        else:
+        elif isinstance(ev, TokenDelta):
             streamed.append(ev.text)
     assert end is not None and end.reason == "tool_call"
     assert end.call is not None and end.call.tool == "Calculator" and end.call.trigger == "react"
@@ -69,9 +69,9 @@ async def test_react_call_pauses_at_the_trigger_and_resumes_exactly(smol: Interc
     assert engine.decode(end.token_ids) == end.text
 
     [rec] = await engine.intercepts(s.id)
-    assert (rec["trigger"], rec["tool"], rec["aug_type"]) == ("react", "Calculator", "math")
-    assert rec["expected_duration_s"] == tools.hints()["Calculator"].expected_s  # Table 1's math mean
-    assert rec["context_tokens"] == len(prompt) + len(end.token_ids) - 1
+    assert (rec.trigger, rec.tool, rec.aug_type) == ("react", "Calculator", "math")
+    assert rec.expected_duration_s == tools.hints()["Calculator"].expected_s  # Table 1's math mean
+    assert rec.context_tokens == len(prompt) + len(end.token_ids) - 1
 
     # The real calculator runs on the arguments the model wrote.
     result = await tools.get(end.call.tool).run(end.call.arguments, CallContext(session_id=s.id))
@@ -113,4 +113,4 @@ async def test_json_tool_call_trigger(smol: InterceptEngine) -> None:
     assert '"name": "tts"' in end.call.arguments
     await s.close()
     counts = await engine.check_integrity()
-    assert counts["free"] == counts["total"]
+    assert counts.free == counts.total

@@ -41,40 +41,40 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
 
     records = await engine.intercepts(s.id)
     await s.close()
-    assert [r["context_tokens"] for r in records][:2] == [
+    assert [r.context_tokens for r in records][:2] == [
         len(prompt) + 11,
         len(prompt) + 12 + len(engine.encode(TOOL_TEXTS[0])) + 9,
     ]
     first_rec = records[0]
     policy = engine.config.policy
-    assert first_rec["policy"] == policy and first_rec["aug_type"] == "chat"
-    assert first_rec["call_duration_s"] >= 0.4
+    assert first_rec.policy == policy and first_rec.aug_type == "chat"
+    assert first_rec.call_duration_s >= 0.4
     if policy == "preserve":
-        assert first_rec["restored_by"] == "preserve"
-        assert first_rec["tokens_kept"] == first_rec["context_tokens"]
-        assert first_rec["tokens_recomputed"] == 0
+        assert first_rec.restored_by == "preserve"
+        assert first_rec.tokens_kept == first_rec.context_tokens
+        assert first_rec.tokens_recomputed == 0
     elif policy in ("discard", "improved-discard", "ttl"):
         # ttl: "chat" lives 0.3 s in the test config and the call took 0.4 s.
-        assert first_rec["kv_fate"] == ("ttl-expired" if policy == "ttl" else "discard")
-        assert first_rec["restored_by"] == "recompute"
-        assert first_rec["tokens_recomputed"] == first_rec["context_tokens"]
+        assert first_rec.kv_fate == ("ttl-expired" if policy == "ttl" else "discard")
+        assert first_rec.restored_by == "recompute"
+        assert first_rec.tokens_recomputed == first_rec.context_tokens
     elif policy == "vllm-apc":
         # Freed blocks stay hittable: every full block of the context comes back from the cache.
-        block = (await engine.stats())["block_size"]
-        assert first_rec["context_tokens"] >= 2 * block
-        assert first_rec["tokens_prefix_hit"] == first_rec["context_tokens"] // block * block
-        assert first_rec["restored_by"] == "partial-prefix-cache"
+        block = (await engine.stats()).block_size
+        assert first_rec.context_tokens >= 2 * block
+        assert first_rec.tokens_prefix_hit == first_rec.context_tokens // block * block
+        assert first_rec.restored_by == "partial-prefix-cache"
     elif policy in ("swap", "infercept"):
         # With nothing else running the engine does not step during the call, so no copy starts and
         # the KV simply stays (tests/engine/test_swap.py drives real swaps).
-        assert first_rec["restored_by"] in ("preserve", "swap")
+        assert first_rec.restored_by == "preserve" and first_rec.tokens_recomputed == 0
     if policy in ("discard", "vllm-apc"):
-        assert first_rec["requeued_arrival_time"] > first_rec["arrival_time"]  # back of the queue
+        assert first_rec.requeued_arrival_time > first_rec.arrival_time  # back of the queue
     else:
-        assert first_rec["requeued_arrival_time"] == first_rec["arrival_time"]  # FCFS kept
+        assert first_rec.requeued_arrival_time == first_rec.arrival_time  # FCFS kept
 
     counts = await wait_all_free(engine)
-    assert counts["free"] == counts["total"], counts
+    assert counts.free == counts.total, counts
 
 
 async def test_abort_mid_turn_frees_kv_and_session_continues(policy_engine: InterceptEngine) -> None:
@@ -94,7 +94,7 @@ async def test_abort_mid_turn_frees_kv_and_session_continues(policy_engine: Inte
     with pytest.raises(asyncio.CancelledError):
         await task
     counts = await wait_all_free(engine)  # the abort reaches the engine core asynchronously
-    assert counts["free"] == counts["total"], counts
+    assert counts.free == counts.total, counts
     # The session keeps its history and goes on in a new request over the whole context.
     kept = len(s.history)
     assert kept > len(prompt)

@@ -31,7 +31,7 @@ async def test_close_while_generating_aborts_and_frees(policy_engine: InterceptE
     assert isinstance(events[-1], TurnEnd) and events[-1].reason == "aborted"
     assert 3 <= len(events[-1].token_ids) < 300
     counts = await wait_all_free(engine)
-    assert counts["free"] == counts["total"], counts
+    assert counts.free == counts.total, counts
     with pytest.raises(SessionClosed):
         async for _ in s.turn("again"):
             pass
@@ -56,4 +56,20 @@ async def test_context_limit_and_empty_first_turn(policy_engine: InterceptEngine
     assert end is not None and end.reason == "length" and len(end.token_ids) == 10
     await s.close()
     counts = await wait_all_free(engine)
-    assert counts["free"] == counts["total"]
+    assert counts.free == counts.total
+
+
+async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: InterceptEngine) -> None:
+    """A paused request whose KV was freed still sits in vLLM's KV-holding queue; the engine must not
+    count it as work (it would step empty iterations for as long as the call lasts)."""
+    engine = policy_engine
+    if engine.config.policy not in ("discard", "vllm-apc", "improved-discard"):
+        pytest.skip("policies that free the KV at the pause")
+    s = engine.open_session(max_tokens=4)
+    async for _ in s.turn(engine.encode("Tell me about doors.")):
+        pass
+    before = (await engine.stats()).steps
+    await asyncio.sleep(0.5)
+    after = (await engine.stats()).steps
+    assert after - before <= 1, f"{after - before} empty steps while only a freed pause existed"
+    await s.close()

@@ -26,7 +26,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     first = await run_turn(a, prompt, max_tokens=12)
 
     # Two other sessions that together need every KV block at once: A's old blocks must be reused.
-    block = (await engine.stats())["block_size"]
+    block = (await engine.stats()).block_size
     usable = TINY_KV_BLOCKS - 1
     b_len, c_len = 15 * block - 8, (usable - 15) * block - 8
     b, c = engine.open_session(), engine.open_session()
@@ -35,25 +35,25 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
         run_turn(c, [3000 + i % 700 for i in range(c_len)], max_tokens=8),
     )
     [rec] = await engine.intercepts(a.id)
-    assert rec["kv_fate"] == "swap", rec
+    assert rec.kv_fate == "swap", rec
     counts = await engine.check_integrity()  # also: host buffer contents == what the scheduler expects
-    assert counts["host_tokens"] >= (len(prompt) + 11) // block * block
+    assert counts.host_tokens >= (len(prompt) + 11) // block * block
 
     appended = engine.encode("\nObservation: the door is locked.\n")
     resumed = await run_turn(a, appended, max_tokens=10)
     assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 10)
 
-    [rec] = [r for r in await engine.intercepts(a.id) if r["intercept_id"] == rec["intercept_id"]]
+    [rec] = [r for r in await engine.intercepts(a.id) if r.intercept_id == rec.intercept_id]
     context = len(prompt) + 11
-    assert rec["restored_by"] == "swap"
-    assert rec["tokens_swapped_in"] == context // block * block
-    assert rec["tokens_recomputed"] == context % block  # the partial last block is recomputed
+    assert rec.restored_by == "swap"
+    assert rec.tokens_swapped_in == context // block * block
+    assert rec.tokens_recomputed == context % block  # the partial last block is recomputed
 
     stats = await engine.stats()
-    assert stats["swap"]["tokens_in"] >= rec["tokens_swapped_in"]
+    assert stats.swap.tokens_in >= rec.tokens_swapped_in
     # Per iteration, what moved stayed within that iteration's budget (block granularity: a budget
     # under one block still moves one block, so copies always finish).
-    budgets, moved = stats["swap"]["recent_budgets"], stats["swap"]["moved"]
+    budgets, moved = stats.swap.recent_budgets, stats.swap.moved
     assert len(budgets) == len(moved) > 0
     for bud, mv in zip(budgets, moved):
         assert mv["out"] <= max(bud["out"], block) and mv["in"] <= max(bud["in"], block)
@@ -61,7 +61,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     for s in (a, b, c):
         await s.close()
     counts = await wait_all_free(engine)
-    assert counts["free"] == counts["total"] and counts["host_tokens"] == 0, counts
+    assert counts.free == counts.total and counts.host_tokens == 0, counts
 
 
 async def test_full_swap_space_falls_back_to_discard() -> None:
@@ -75,19 +75,19 @@ async def test_full_swap_space_falls_back_to_discard() -> None:
         firsts = [await run_turn(s, prompt, max_tokens=12) for s in sessions]
         assert 32 <= len(prompt) + 11 < 64  # one full block per context
         stats = await engine.stats()
-        assert stats["swap"]["host_slots"] == 1
-        fates = [r["kv_fate"] for s in sessions for r in await engine.intercepts(s.id)]
+        assert stats.swap.host_slots == 1
+        fates = [r.kv_fate for s in sessions for r in await engine.intercepts(s.id)]
         # The first pause takes the whole host buffer (its copy starts with the next step, so it may
         # still be on its way); the later ones fall back to discard.
         assert fates[1:] == ["discard", "discard"], fates
-        assert stats["swap"]["fallbacks"] == 2
+        assert stats.swap.fallbacks == 2
         appended = engine.encode("\nObservation: ok.\n")
         for s, f in zip(sessions, firsts):
             resumed = await run_turn(s, appended, max_tokens=6)
             assert resumed.token_ids == await fresh_output(engine, prompt + f.token_ids + appended, 6)
             await s.close()
         counts = await wait_all_free(engine)
-        assert counts["free"] == counts["total"] and counts["host_tokens"] == 0
+        assert counts.free == counts.total and counts.host_tokens == 0
     finally:
         await engine.shutdown()
 
@@ -113,20 +113,20 @@ async def test_swap_in_spans_steps_under_a_small_budget(tmp_path) -> None:
         other = engine.open_session()
         await run_turn(other, engine.encode(PROMPT), max_tokens=40)  # steps, so A's copy-out runs
         [rec] = await engine.intercepts(a.id)
-        assert rec["kv_fate"] == "swap"
+        assert rec.kv_fate == "swap"
         appended = engine.encode("\nObservation: the door is locked.\n")
         resumed = await run_turn(a, appended, max_tokens=8)
         assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 8)
         stats = await engine.stats()
-        steps = [(b, m) for b, m in zip(stats["swap"]["recent_budgets"], stats["swap"]["moved"]) if m["in"]]
+        steps = [(b, m) for b, m in zip(stats.swap.recent_budgets, stats.swap.moved) if m["in"]]
         blocks = (len(prompt) + 11) // 32
         assert blocks >= 3 and sum(m["in"] for _, m in steps) == 32 * blocks  # every block once
         assert len(steps) >= 2  # over several steps
         assert all(m["in"] <= max(b["in"], 32) for b, m in steps)  # each within its step's budget
-        assert all(m["out"] <= max(b["out"], 32) for b, m in zip(stats["swap"]["recent_budgets"], stats["swap"]["moved"]))
+        assert all(m["out"] <= max(b["out"], 32) for b, m in zip(stats.swap.recent_budgets, stats.swap.moved))
         for s in (a, other):
             await s.close()
         counts = await wait_all_free(engine)
-        assert counts["free"] == counts["total"] and counts["host_tokens"] == 0
+        assert counts.free == counts.total and counts.host_tokens == 0
     finally:
         await engine.shutdown()

@@ -7,7 +7,7 @@ import pytest
 from engine_adapter.policy.decide import PausedCost, infercept_plan
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.waste import waste_chunked_discard_byte_s, waste_preserve_byte_s
-from engine_adapter.swap_connector import SlotPool
+from engine_adapter.intercept.swap import SlotPool
 
 P = Profile(
     model="m", device="d", fwd_tokens=(64, 256, 512, 1024, 2048), fwd_seconds=(0.02, 0.03, 0.05, 0.1, 0.2),
@@ -29,7 +29,7 @@ def cost(rid: str, remaining_s: float, ctx: int, other: int = 4000) -> PausedCos
 
 def test_short_call_on_short_context_preserves() -> None:
     plan = infercept_plan([cost("calc", remaining_s=0.0002, ctx=200)], swap_out_budget_blocks=1000, host_free_blocks=1000)
-    assert plan.preserve == ["calc"] and not plan.swap_out and not plan.discard
+    assert not plan.swap_out and not plan.discard  # preserved
 
 
 def test_long_call_on_long_context_swaps_within_budget_else_discards() -> None:
@@ -51,8 +51,9 @@ def test_worst_waste_swaps_first_and_budget_is_respected() -> None:
     plan = infercept_plan(costs, budget, host_free_blocks=10_000)
     assert plan.swap_out == ["b", "a"]
     assert sum(c.context_blocks for c in costs if c.request_id in plan.swap_out) <= budget
-    assert "d" in plan.preserve  # the calculator call is back before a copy could finish
-    assert set(plan.swap_out + plan.discard + plan.preserve) == {"a", "b", "c", "d"}
+    # The calculator call is back before a copy could finish: neither swapped nor discarded (preserved).
+    assert "d" not in plan.swap_out + plan.discard
+    assert set(plan.swap_out + plan.discard) == {"a", "b", "c"}
 
 
 def test_a_context_bigger_than_one_budget_still_starts() -> None:

@@ -1,0 +1,413 @@
+"""The intercept core: the one owner of everything about paused requests.
+
+It owns the entries (where each paused request's KV lives: `state.KvState`), the ledger, the waste
+meter, the swap planner and the call-duration estimator, and applies the policy (`policy.table`).
+One method per transition; each checks the state it starts from. It is pure bookkeeping: the KV pool
+is reached through a `KvPort` (vLLM's scheduler in the engine, a simulated pool in the simulator),
+and the engine's clock is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from engine_adapter.intercept.meter import WasteMeter
+from engine_adapter.intercept.records import BlockCounts, Fate, InterceptRecord, Ledger
+from engine_adapter.intercept.reports import BlockReport, EngineStats, Integrity, ProfileReport, SwapReport
+from engine_adapter.intercept.state import Entry, KvPort, KvState, PauseInfo, Resume, ResumeKind, StepView
+from engine_adapter.intercept.swap import StepCopies, SwapPlanner
+from engine_adapter.policy.decide import DecisionInput, PausedView, demotion_order, ttl_expired
+from engine_adapter.policy.estimator import DurationEstimator
+from engine_adapter.policy.profile import Profile
+from engine_adapter.policy.table import Action, PolicySpec, pause_action
+
+
+class TransitionError(AssertionError):
+    """A transition was asked of an entry in a state it cannot start from (a bug, not bad input)."""
+
+
+@dataclass(frozen=True)
+class CoreSettings:
+    ttl_s: Mapping[str, float]
+    demotion_reserve_blocks: int = 0  # free blocks kept beyond the next step's need before demoting
+
+
+class InterceptCore:
+    def __init__(self, spec: PolicySpec, kv: KvPort, *, block_size: int, profile: Profile,
+                 estimator: DurationEstimator, settings: CoreSettings, swap: SwapPlanner | None = None) -> None:
+        if spec.swap and swap is None:
+            raise ValueError(f"policy {spec.name!r} needs a swap planner (host buffer)")
+        self.spec, self.kv, self.block_size = spec, kv, block_size
+        self.profile, self.estimator, self.settings, self.swap = profile, estimator, settings, swap
+        self.ledger = Ledger()
+        self.meter = WasteMeter(profile.kv_bytes_per_token)
+        self.entries: dict[str, Entry] = {}
+        self.request_of: dict[str, str] = {}  # session id -> its request id (sessions that paused)
+        self.outbox: dict[str, list[InterceptRecord]] = {}  # records the front end has yet to see
+        self._abandoned: list[str] = []  # closed while loading: vLLM frees their blocks once reported
+        self._seq = 0
+        self.steps = 0  # steps vLLM built (schedule calls), empty ones included
+
+    # ================================================================== transitions
+    def pause(self, info: PauseInfo, now: float) -> InterceptRecord:
+        """A request parked at a trigger or the end of a turn (its KV and running slot are held)."""
+        if info.request_id in self.entries:
+            raise TransitionError(f"{info.request_id} paused twice")
+        action = pause_action(self.spec, info.aug_type, self.settings.ttl_s)
+        rec = self.ledger.pause(
+            session_id=info.session_id, request_id=info.request_id, aug_type=info.aug_type, trigger=info.trigger,
+            tool=info.tool, policy=self.spec.name, context_tokens=info.context_tokens, paused_at_s=now,
+            expected_duration_s=info.expected_duration_s, arrival_time=info.arrival_time, action=action.value,
+        )
+        e = Entry(info.request_id, info.session_id, info.aug_type, info.expected_duration_s, now, info.arrival_time,
+                  info.context_tokens, rec, KvState.PRESERVED, self._next_seq())
+        self.entries[e.request_id] = e
+        self.request_of[info.session_id] = info.request_id
+        if action is Action.DISCARD:
+            self.free(e, Fate.DISCARD, now)
+        elif action is Action.SWAP:
+            self.start_swap_out(e, now)
+        self._post(rec)
+        return rec
+
+    def free(self, e: Entry, fate: Fate, now: float) -> None:
+        """Discard, expire or demote: the device blocks and the running slot go back; a copy to the
+        host in progress is dropped."""
+        self._expect(e, KvState.PRESERVED, KvState.SWAPPING_OUT)
+        if e.host is not None:
+            self._drop_host(e)
+        self.kv.release(e.request_id)
+        e.state = KvState.DISCARDED
+        self.ledger.release_kv(e.record, fate, now)
+
+    def start_swap_out(self, e: Entry, now: float) -> bool:
+        """Reserve host slots for the context's full blocks and queue the copy; a context without a
+        full block or a full host buffer falls back to discard."""
+        self._expect(e, KvState.PRESERVED)
+        assert self.swap is not None
+        host = self.swap.reserve(e.context_tokens)
+        if host is None:
+            if e.context_tokens >= self.block_size:
+                self.ledger.totals.swap_fallbacks += 1
+            self.free(e, Fate.DISCARD, now)
+            return False
+        e.host, e.state, e.seq = host, KvState.SWAPPING_OUT, self._next_seq()
+        return True
+
+    def finish_swap_out(self, e: Entry, now: float) -> None:
+        """Its last blocks were copied in a step that has run: the device copy can go."""
+        self._expect(e, KvState.SWAPPING_OUT)
+        assert e.host is not None and e.host.out_complete
+        self.kv.release(e.request_id)
+        e.state = KvState.SWAPPED
+        self.ledger.release_kv(e.record, Fate.SWAP, now, moved_tokens=e.host.tokens)
+
+    def resume(self, request_id: str, now: float, new_arrival_time: float) -> Resume | None:
+        """The session's next input arrived. None: the request never paused under this core."""
+        self.expire(now)  # the engine does not step while only paused requests exist
+        e = self.entries.get(request_id)
+        if e is None:
+            return None
+        self._expect(e, KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED)
+        arrival = e.arrival_time if self.spec.keep_arrival_time else new_arrival_time
+        self.estimator.observe(e.aug_type, now - e.paused_at_s)
+        self.ledger.resume(e.record, now, arrival)
+        if e.state.on_device:
+            # Back before any copy finished: the device blocks are still there, keep using them.
+            if e.host is not None:
+                self._drop_host(e)
+            del self.entries[request_id]
+            self._post(e.record)
+            return Resume(ResumeKind.KEEP, arrival)
+        e.seq = self._next_seq()
+        if e.state is KvState.SWAPPED:
+            e.state = KvState.LOAD_QUEUED
+            return Resume(ResumeKind.LOAD, arrival)
+        e.state = KvState.RECOMPUTE_QUEUED
+        return Resume(ResumeKind.RECOMPUTE, arrival)
+
+    def close(self, request_id: str, now: float) -> None:
+        """The request ended (session closed or aborted) in whatever state."""
+        self.outbox.pop(request_id, None)
+        self.meter.forget(request_id)
+        e = self.entries.pop(request_id, None)
+        if e is None:
+            return
+        if self.request_of.get(e.session_id) == request_id:
+            del self.request_of[e.session_id]
+        if e.state in (KvState.LOAD_ARMED, KvState.LOADING):
+            self._abandoned.append(request_id)  # its allocated device blocks go once reported loaded
+        if e.host is not None:
+            self._drop_host(e)
+        self.ledger.close(e.record, now)
+
+    def expire(self, now: float) -> None:
+        """The ttl policy: preserved KV whose time-to-live has passed is freed (accounted up to the
+        moment it expired, not to when it was noticed)."""
+        if not self.spec.ttl:
+            return
+        for rid, when in ttl_expired(self._views(KvState.PRESERVED), self.settings.ttl_s, now):
+            self.free(self.entries[rid], Fate.TTL_EXPIRED, min(now, when))
+
+    def demote(self, view: StepView, now: float) -> None:
+        """Give preserved KV (and running slots) back when running or resumed work needs them, so a
+        paused request can never starve the batch. Paused requests expected back last go first."""
+        head = view.head_waiting
+        # Brand-new requests may wait for preserved KV (the preserve policy's cost), unless nothing
+        # runs, in which case waiting would be a deadlock.
+        wants_room = head is not None and (head in self.request_of.values() or view.running_requests == 0)
+        reserve = view.blocks_needed + self.settings.demotion_reserve_blocks
+        # A request already copying out is freed within a step or two anyway: demoting it would throw
+        # the copy away.
+        for rid in demotion_order(self._views(KvState.PRESERVED)):
+            if self.kv.num_free_blocks() >= reserve and not (wants_room and self.kv.slots_full()):
+                return
+            if rid != head:
+                self.free(self.entries[rid], Fate.DEMOTED, now)
+
+    def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
+        """Refine the type / expected duration of a session's current pause (the caller may know
+        more than the tool table, e.g. an oracle duration)."""
+        e = self.entries.get(self.request_of.get(session_id, ""))
+        if e is None or not e.state.paused:
+            return False
+        e.aug_type = e.record.aug_type = aug_type
+        e.expected_duration_s = e.record.expected_duration_s = expected_duration_s
+        return True
+
+    # ================================================================== per iteration
+    def before_schedule(self, step_view: Callable[[], StepView], now: float) -> int | None:
+        """Everything due before vLLM builds a step. `step_view` is asked only when needed (it walks
+        the queues). Returns the step's token budget when the policy caps iterations at the
+        saturation point (None: leave vLLM's)."""
+        view = _Lazy(step_view)
+        self.steps += 1
+        if self.swap is not None:
+            self._settle(now)
+        self.expire(now)
+        if any(e.state is KvState.PRESERVED for e in self.entries.values()):
+            self.demote(view.get(), now)
+        if self.swap is not None:
+            self._plan_swaps(view, now)
+        if self.spec.chunk_at_saturation:
+            # Chunked recompute (and prefill): fill each iteration up to S and no further; past S more
+            # tokens only lengthen the iteration (paper Sec. 4.3).
+            return max(self.profile.saturation_tokens, view.get().running_requests + 1)
+        return None
+
+    def scheduled(self, new_requests: Iterable[tuple[str, int]], total_tokens: int) -> None:
+        """vLLM built a step: the first schedule of a resumed request tells how its context came back
+        (its computed tokens then are what was loaded or hit in the prefix cache)."""
+        for rid, computed in new_requests:
+            e = self.entries.get(rid)
+            if e is None or e.state.paused or e.state is KvState.LOAD_QUEUED:
+                continue
+            if e.state is KvState.RECOMPUTE_QUEUED:
+                self.ledger.recomputed(e.record, computed)
+            else:
+                if e.host is not None:  # armed but loaded nothing (its tokens were already computed)
+                    self._drop_host(e)
+                self.ledger.swapped_in(e.record, computed)
+            self.meter.start_recompute(rid, e.record.tokens_recomputed or 0)
+            del self.entries[rid]
+            self._post(e.record)
+        if self.swap is not None:
+            self.swap.last_batch_tokens = max(1, total_tokens)
+
+    def step_done(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int) -> None:
+        """One iteration ran: refine T_fwd, and meter the waste it carried."""
+        tokens = sum(scheduled.values())
+        if tokens:
+            self.profile.observe(tokens, seconds)
+        stall = 0.0
+        if self.swap is not None:
+            moved_out, moved_in = self.swap.last_moved_tokens()
+            copy_s = self.profile.t_swap_out_s(moved_out) + self.profile.t_swap_in_s(moved_in)
+            # CPU copies share the cores with the forward pass; on CUDA they run on a side stream and
+            # only what outlasts the iteration's compute stalls it.
+            stall = copy_s if self.profile.device == "cpu" else max(0.0, copy_s - (seconds - copy_s))
+        self.meter.iteration(seconds, scheduled, resident_tokens, stall)
+
+    # ================================================================== the swap-in path (KV connector)
+    def load_lookup(self, request_id: str, num_computed_tokens: int) -> tuple[int | None, bool]:
+        """vLLM's external-KV lookup for a waiting request: (tokens to load, asynchronously?). None
+        holds it back: its KV is on the host but the swap-in budget has not armed it yet."""
+        e = self.entries.get(request_id)
+        if e is None or e.host is None:
+            return 0, False
+        if e.state is KvState.LOAD_QUEUED:
+            return None, False
+        if e.state is KvState.LOAD_ARMED:
+            n = max(0, e.host.tokens - num_computed_tokens)
+            return n, n > 0
+        return 0, False
+
+    def load_allocated(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
+        """vLLM allocated the device blocks the host copy goes into."""
+        e = self.entries.get(request_id)
+        if e is None or e.state is not KvState.LOAD_ARMED or num_external_tokens == 0:
+            return
+        assert e.host is not None
+        n = len(e.host.slots)
+        if len(block_ids) < n:
+            raise TransitionError("vLLM allocated fewer blocks than the swapped context needs")
+        e.host.to_load = deque(zip(block_ids[:n], e.host.slots))
+        e.state = KvState.LOADING
+
+    def step_copies(self) -> StepCopies:
+        """The copies of the step being built (the connector ships them to the workers)."""
+        assert self.swap is not None
+        loading = [e for e in self._ordered(KvState.LOADING)]
+        copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned)
+        self._abandoned = []
+        done = set(copies.loads_done)
+        for e in loading:
+            if e.request_id in done:
+                e.state = KvState.LOADED
+        return copies
+
+    # ================================================================== reports
+    def holds_device(self, request_id: str) -> bool | None:
+        """Whether a paused request still holds its device blocks and running slot (None: not paused)."""
+        e = self.entries.get(request_id)
+        return None if e is None or not e.state.paused else e.state.on_device
+
+    def paused_off_device(self) -> int:
+        """Paused requests whose device blocks and running slot were released (freed or swapped)."""
+        return sum(1 for e in self.entries.values() if e.state.paused and not e.state.on_device)
+
+    def on_device_paused(self) -> set[str]:
+        return {rid for rid, e in self.entries.items() if e.state.on_device}
+
+    def stats(self, counts: BlockCounts, *, running: int, waiting: int, now: float) -> EngineStats:
+        totals = self.ledger.totals_at(now)
+        paused = [e for e in self.entries.values() if e.state.paused]
+        swapped = sum(len(e.host.slots) for e in paused if e.host and e.state is KvState.SWAPPED)
+        prof = self.profile
+        return EngineStats(
+            policy=self.spec.name, block_size=self.block_size,
+            blocks=BlockReport(**counts.to_dict(), swapped_to_host=swapped), totals=totals,
+            paused=len(paused), paused_preserved=sum(e.state.on_device for e in paused), running=running,
+            waiting=waiting - len(paused), engine_time_s=now, steps=self.steps, waste=self.meter.report(totals.preserved_token_seconds),
+            profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
+                                  {str(k): v for k, v in prof.refinement().items()}),
+            swap=self._swap_report(),
+        )
+
+    def check(self, counts: BlockCounts) -> Integrity:
+        """Integrity: device blocks add up, and the host buffer holds exactly what the entries own."""
+        counts.check()
+        host_tokens = 0
+        if self.swap is not None:
+            owned = sum(len(e.host.slots) for e in self.entries.values() if e.host is not None)
+            used = self.swap.slots.num_slots - self.swap.slots.num_free
+            if used != owned:
+                raise AssertionError(f"swap integrity: {used} host slots in use, entries own {owned}")
+            host_tokens = sum(e.host.tokens for e in self.entries.values() if e.host is not None)
+        return Integrity(**counts.to_dict(), host_tokens=host_tokens)
+
+    def records(self, session_id: str | None = None) -> list[InterceptRecord]:
+        return [r for r in self.ledger.records if session_id is None or r.session_id == session_id]
+
+    def _swap_report(self) -> SwapReport | None:
+        sw = self.swap
+        if sw is None:
+            return None
+        recent = list(sw.history)[-256:]
+        return SwapReport(
+            tokens_out=sw.stats.tokens_out, tokens_in=sw.stats.tokens_in, blocks_out=sw.stats.blocks_out,
+            blocks_in=sw.stats.blocks_in, fallbacks=self.ledger.totals.swap_fallbacks,
+            host_slots=sw.slots.num_slots, host_slots_free=sw.slots.num_free,
+            host_tokens=sum(e.host.tokens for e in self.entries.values() if e.host and e.state is KvState.SWAPPED),
+            loading_blocks=sum(len(e.host.to_load or ()) for e in self.entries.values() if e.host),
+            kv_bytes_per_token=self.profile.kv_bytes_per_token,
+            recent_budgets=[{"limit": s.limit, "out": s.out_budget, "in": s.in_budget} for s in recent],
+            moved=[{"out": s.out_moved, "in": s.in_moved} for s in recent],
+        )
+
+    # ================================================================== internals
+    def _settle(self, now: float) -> None:
+        """What the previous steps' copies completed: free the device copy of finished swap-outs, the
+        host slots of finished swap-ins."""
+        for e in list(self.entries.values()):
+            if e.state is KvState.SWAPPING_OUT and e.host is not None and e.host.out_complete:
+                self.finish_swap_out(e, now)
+            elif e.state is KvState.LOADED and e.host is not None:
+                self._drop_host(e)
+
+    def _plan_swaps(self, view: _Lazy, now: float) -> None:
+        sw = self.swap
+        assert sw is not None
+        copying = self._ordered(KvState.SWAPPING_OUT)
+        inflight = sum((len(e.host.slots) - e.host.copied_out) * self.block_size for e in copying if e.host)
+        candidates = self._views(KvState.PRESERVED) if self.spec.decide is not None else []
+        want_in = sum(e.host.tokens for e in self._ordered(KvState.LOAD_QUEUED) if e.host)
+        budget = sw.budgets(inflight + sum(v.context_tokens for v in candidates), want_in, self.kv.num_free_blocks())
+        if candidates and self.spec.decide is not None:
+            decision = self.spec.decide(DecisionInput(
+                now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,
+                block_size=self.block_size, running_tokens=view.get().running_tokens,
+                running_requests=view.get().running_requests, last_batch_tokens=sw.last_batch_tokens,
+                swap_out_budget_tokens=max(0, budget.out_tokens - inflight), host_free_blocks=sw.slots.num_free,
+                prefix_caching=self.spec.prefix_caching,
+            ))
+            for rid in decision.swap_out:
+                self.start_swap_out(self.entries[rid], now)
+            for rid in decision.discard:
+                self.free(self.entries[rid], Fate.DISCARD, now)
+        # Copy out oldest first; a budget under one block still moves one block, so copies finish.
+        copying = [e for e in self._ordered(KvState.SWAPPING_OUT) if e.host is not None and not e.host.out_complete]
+        blocks = max(budget.out_tokens // self.block_size, 1 if copying else 0)
+        for e in copying:
+            if blocks <= 0:
+                break
+            assert e.host is not None
+            blocks -= sw.plan_out(e.host, self.kv.block_ids(e.request_id), blocks)
+        # Arm swap-ins first come first served while fewer blocks wait to be copied in than one step
+        # moves: an armed request gets its device blocks from vLLM and is copied in over the next steps.
+        pipeline = sum(len(e.host.to_load or ()) if e.state is KvState.LOADING else len(e.host.slots)
+                       for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING))
+        for e in self._ordered(KvState.LOAD_QUEUED):
+            if pipeline >= max(1, sw.in_budget_blocks):
+                break
+            assert e.host is not None
+            e.state = KvState.LOAD_ARMED
+            pipeline += len(e.host.slots)
+
+    def _drop_host(self, e: Entry) -> None:
+        assert self.swap is not None and e.host is not None
+        self.swap.release(e.host)
+        e.host = None
+
+    def _views(self, state: KvState) -> list[PausedView]:
+        return [PausedView(e.request_id, e.aug_type, e.context_tokens, e.paused_at_s, e.expected_duration_s)
+                for e in self.entries.values() if e.state is state]
+
+    def _ordered(self, state: KvState) -> list[Entry]:
+        return sorted((e for e in self.entries.values() if e.state is state), key=lambda e: e.seq)
+
+    def _next_seq(self) -> int:
+        self._seq += 1
+        return self._seq
+
+    def _post(self, rec: InterceptRecord) -> None:
+        self.outbox.setdefault(rec.request_id, []).append(rec)
+
+    @staticmethod
+    def _expect(e: Entry, *states: KvState) -> None:
+        if e.state not in states:
+            raise TransitionError(f"{e.request_id}: state {e.state.value}, expected {'/'.join(s.value for s in states)}")
+
+
+class _Lazy:
+    """A step view computed at most once, and only if asked for."""
+
+    def __init__(self, fn: Callable[[], StepView]) -> None:
+        self._fn, self._view = fn, None
+
+    def get(self) -> StepView:
+        if self._view is None:
+            self._view = self._fn()
+        return self._view

@@ -1,0 +1,80 @@
+"""Measured memory waste by kind, from the iterations the engine really runs.
+
+Kinds, in token-seconds (x M bytes = byte-seconds; / 1e9 / 60 = GB-min):
+* preserved idle: paused contexts held on the device (from the ledger's spans);
+* recompute: every iteration's share spent recomputing freed context, times all the KV resident
+  meanwhile (the measured counterpart of Eq. 1 / Eq. 4);
+* swap stall: the time swap copies add to an iteration (copy time not hidden behind the forward
+  pass, from the profile's bandwidth), times the resident KV.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from engine_adapter.intercept.reports import WasteKind, WasteReport
+
+
+@dataclass
+class WasteMeter:
+    kv_bytes_per_token: int
+    forward_s: float = 0.0
+    recompute_forward_s: float = 0.0
+    recompute_token_s: float = 0.0
+    swap_stall_s: float = 0.0
+    swap_stall_token_s: float = 0.0
+    iterations: int = 0
+    # Context tokens each resumed request still has to recompute (consumed as they are scheduled).
+    recomputing: dict[str, int] = field(default_factory=dict)
+
+    def start_recompute(self, request_id: str, tokens: int) -> None:
+        if tokens > 0:
+            self.recomputing[request_id] = tokens
+
+    def forget(self, request_id: str) -> None:
+        self.recomputing.pop(request_id, None)
+
+    def iteration(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int,
+                  swap_stall_s: float = 0.0) -> None:
+        """One iteration: its wall time, tokens scheduled per request, KV resident meanwhile."""
+        total = sum(scheduled.values())
+        recompute = 0
+        for rid, n in scheduled.items():
+            left = self.recomputing.get(rid)
+            if left:
+                take = min(n, left)
+                recompute += take
+                if left > take:
+                    self.recomputing[rid] = left - take
+                else:
+                    del self.recomputing[rid]
+        if seconds <= 0 or total <= 0:
+            return
+        self.iterations += 1
+        self.forward_s += seconds
+        share = seconds * min(recompute, total) / total
+        self.recompute_forward_s += share
+        self.recompute_token_s += share * resident_tokens
+        stall = min(max(0.0, swap_stall_s), seconds)
+        self.swap_stall_s += stall
+        self.swap_stall_token_s += stall * resident_tokens
+
+    def gb_min(self, token_s: float) -> float:
+        return token_s * self.kv_bytes_per_token / 1e9 / 60
+
+    def report(self, preserved_token_s: float) -> WasteReport:
+        kinds = {
+            "preserved_idle": preserved_token_s,
+            "recompute": self.recompute_token_s,
+            "swap_stall": self.swap_stall_token_s,
+        }
+        return WasteReport(
+            kv_bytes_per_token=self.kv_bytes_per_token,
+            by_kind={k: WasteKind(token_s=v, gb_min=self.gb_min(v)) for k, v in kinds.items()},
+            forward_s=self.forward_s,
+            recompute_forward_s=self.recompute_forward_s,
+            recompute_share_of_forward=self.recompute_forward_s / self.forward_s if self.forward_s else 0.0,
+            swap_stall_s=self.swap_stall_s,
+            iterations=self.iterations,
+        )

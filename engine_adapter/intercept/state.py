@@ -1,0 +1,109 @@
+"""The intercept core's state: where a paused request's KV lives, and what the core asks of the KV pool.
+
+A request has an entry from the moment it pauses until its context is back on the device (or it is
+closed). The entry's `state` is the one place that says where its KV is:
+
+    pause ──> PRESERVED ─────────────────────────resume──> (gone: KEEP)
+      │          │ policy: swap          │ policy/pressure: free
+      │          v                       v
+      ├──> SWAPPING_OUT ──copied──> SWAPPED ─resume─> LOAD_QUEUED ─armed─> LOAD_ARMED
+      │          │ resume: cancel, KEEP                     ─allocated─> LOADING ─last chunk─> LOADED
+      │          │ pressure/full host: free                 ─first schedule─> (gone)
+      └──> DISCARDED ──resume──> RECOMPUTE_QUEUED ──first schedule──> (gone)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+from engine_adapter.intercept.records import InterceptRecord
+from engine_adapter.intercept.swap import HostCopy
+
+
+class KvState(str, Enum):
+    PRESERVED = "preserved"  # paused; KV on the device
+    SWAPPING_OUT = "swapping-out"  # paused; KV on the device, being copied to the host
+    SWAPPED = "swapped"  # paused; KV on the host only
+    DISCARDED = "discarded"  # paused; KV nowhere
+    LOAD_QUEUED = "load-queued"  # resumed; KV on the host, waiting for the swap-in budget
+    LOAD_ARMED = "load-armed"  # resumed; the KV lookup answers with the host copy
+    LOADING = "loading"  # resumed; device blocks allocated, chunks copying in
+    LOADED = "loaded"  # resumed; every chunk shipped, host slots free at the next step
+    RECOMPUTE_QUEUED = "recompute-queued"  # resumed; KV nowhere, waits for its first schedule
+
+    @property
+    def paused(self) -> bool:
+        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED)
+
+    @property
+    def on_device(self) -> bool:
+        """Paused with its device blocks (and its running slot) still held."""
+        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT)
+
+
+class ResumeKind(str, Enum):
+    KEEP = "keep"  # the KV is on the device: schedule the new tokens only
+    LOAD = "load"  # the KV comes back from the host (through the KV connector)
+    RECOMPUTE = "recompute"  # the KV is gone: recompute the context (prefix-cache hits aside)
+
+
+@dataclass(frozen=True)
+class Resume:
+    kind: ResumeKind
+    arrival_time: float  # the queue position to resume with
+
+
+@dataclass
+class Entry:
+    """One paused (or resuming) request."""
+
+    request_id: str
+    session_id: str
+    aug_type: str
+    expected_duration_s: float | None
+    paused_at_s: float
+    arrival_time: float  # the original one
+    context_tokens: int
+    record: InterceptRecord
+    state: KvState
+    seq: int  # first come, first served: pauses, swap starts and resumes in this order
+    host: HostCopy | None = None
+
+
+@dataclass(frozen=True)
+class PauseInfo:
+    request_id: str
+    session_id: str
+    aug_type: str
+    expected_duration_s: float | None
+    tool: str | None
+    trigger: str | None
+    context_tokens: int
+    arrival_time: float
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What the core needs to know about the step vLLM is about to build."""
+
+    blocks_needed: int  # new blocks the running requests and the first ready waiting one need
+    head_waiting: str | None  # that waiting request
+    running_requests: int
+    running_tokens: int  # context tokens of the running batch
+
+
+class KvPort(Protocol):
+    """What the intercept core asks of the engine's KV pool (vLLM's scheduler, or the simulator)."""
+
+    def release(self, request_id: str) -> None:
+        """Free a paused request's device blocks and its running slot; it stays parked."""
+
+    def block_ids(self, request_id: str) -> list[int]:
+        """The request's device blocks, in context order."""
+
+    def num_free_blocks(self) -> int: ...
+
+    def slots_full(self) -> bool:
+        """Every running slot is taken (running + paused holding a slot)."""

@@ -1,0 +1,163 @@
+"""Swap bookkeeping of the intercept core: host slots, per-iteration budgets, and the copy lists the
+KV connector ships to the workers. Pure (no vLLM, no torch).
+
+A host slot holds one KV block (all layers). Only full blocks travel: a context's partial last block is
+recomputed at the resume, which keeps the copy layout-agnostic.
+
+Per iteration the budget is the paper's swap limit N_i (the tokens whose copy hides behind the forward
+pass of the previous iteration's batch), split between swap-out and swap-in (Sec. 4.2).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from engine_adapter.policy.profile import Profile
+from engine_adapter.policy.waste import SwapBudget, split_swap_budget, swap_limit_tokens
+
+
+class SlotPool:
+    """Host buffer slots."""
+
+    def __init__(self, num_slots: int) -> None:
+        self.num_slots = num_slots
+        self._free = list(range(num_slots - 1, -1, -1))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def take(self, n: int) -> list[int] | None:
+        """n slots, or None when fewer are free."""
+        if n > len(self._free):
+            return None
+        return [self._free.pop() for _ in range(n)]
+
+    def give(self, slots: list[int]) -> None:
+        self._free.extend(reversed(slots))
+        if len(self._free) > self.num_slots:
+            raise AssertionError("host slot freed twice")
+
+
+@dataclass
+class HostCopy:
+    """A paused request's KV in the host buffer, or on its way there or back."""
+
+    slots: list[int]  # host slot of the request's i-th block
+    tokens: int  # context tokens covered (full blocks)
+    copied_out: int = 0  # blocks planned for copy-out so far
+    to_load: deque[tuple[int, int]] | None = None  # (device block, slot) pairs still to copy in
+
+    @property
+    def out_complete(self) -> bool:
+        return self.copied_out == len(self.slots)
+
+
+@dataclass(frozen=True)
+class StepCopies:
+    """One step's copies for the workers: (device block, host slot) pairs."""
+
+    swap_out: list[tuple[int, int]]
+    swap_in: list[tuple[int, int]]
+    loads_done: list[str]  # requests whose last blocks come in with this step (or were abandoned)
+
+
+@dataclass(frozen=True)
+class StepSwap:
+    """What one iteration was allowed and what it moved (tokens)."""
+
+    limit: int
+    out_budget: int
+    in_budget: int
+    out_moved: int = 0
+    in_moved: int = 0
+
+
+@dataclass
+class SwapStats:
+    tokens_out: int = 0
+    tokens_in: int = 0
+    blocks_out: int = 0
+    blocks_in: int = 0
+
+
+class SwapPlanner:
+    """Host slots and budgets. The intercept core decides who moves; this plans how much per step."""
+
+    def __init__(self, profile: Profile, block_size: int, host_slots: int) -> None:
+        self.profile = profile
+        self.block_size = block_size
+        self.slots = SlotPool(host_slots)
+        self.last_batch_tokens = 1  # B_i of the previous iteration
+        self.in_budget_blocks = 0
+        self.stats = SwapStats()
+        self.history: deque[StepSwap] = deque(maxlen=4096)
+        self._out: list[tuple[int, int]] = []
+        self._step: StepSwap | None = None
+
+    # ------------------------------------------------------------------ host slots
+    def reserve(self, context_tokens: int) -> HostCopy | None:
+        """Host slots for a context's full blocks; None when it has none or the buffer is full."""
+        n = context_tokens // self.block_size
+        slots = self.slots.take(n) if n else None
+        return None if slots is None else HostCopy(slots=slots, tokens=n * self.block_size)
+
+    def release(self, host: HostCopy) -> None:
+        self.slots.give(host.slots)
+        host.slots = []
+
+    # ------------------------------------------------------------------ per step
+    def budgets(self, want_out_tokens: int, want_in_tokens: int, device_free_blocks: int) -> SwapBudget:
+        """This iteration's (out, in) token budgets."""
+        n = swap_limit_tokens(self.profile, self.last_batch_tokens)
+        b = split_swap_budget(n, want_out_tokens, want_in_tokens, self.slots.num_free * self.block_size,
+                              device_free_blocks * self.block_size)
+        self._step = StepSwap(limit=n, out_budget=b.out_tokens, in_budget=b.in_tokens)
+        self.in_budget_blocks = b.in_tokens // self.block_size
+        return b
+
+    def plan_out(self, host: HostCopy, block_ids: list[int], max_blocks: int) -> int:
+        """Queue the next up-to-`max_blocks` blocks of a reserved copy for this step; returns how many."""
+        start = host.copied_out
+        n = max(0, min(max_blocks, len(host.slots) - start))
+        self._out.extend(zip(block_ids[start:start + n], host.slots[start:start + n]))
+        host.copied_out += n
+        self.stats.blocks_out += n
+        if n and host.out_complete:
+            self.stats.tokens_out += host.tokens
+        return n
+
+    def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str]) -> StepCopies:
+        """The step's copies: what `plan_out` queued, and swap-in chunks of the loading requests, in
+        order, within the step's swap-in budget (a budget under one block still moves one, so loads
+        always finish)."""
+        budget = self.in_budget_blocks or (1 if loading else 0)
+        swap_in: list[tuple[int, int]] = []
+        done = list(abandoned)
+        for rid, host in loading:
+            assert host.to_load is not None
+            while host.to_load and budget > 0:
+                swap_in.append(host.to_load.popleft())
+                budget -= 1
+            if not host.to_load:
+                done.append(rid)
+                self.stats.tokens_in += host.tokens
+            if budget == 0:
+                break
+        self.stats.blocks_in += len(swap_in)
+        out, self._out = self._out, []
+        if self._step is not None:
+            b = self.block_size
+            self.history.append(StepSwap(self._step.limit, self._step.out_budget, self._step.in_budget,
+                                         len(out) * b, len(swap_in) * b))
+            self._step = None
+        return StepCopies(swap_out=out, swap_in=swap_in, loads_done=done)
+
+    def last_moved_tokens(self) -> tuple[int, int]:
+        """(out, in) tokens the last built step moves."""
+        if not self.history:
+            return 0, 0
+        last = self.history[-1]
+        return last.out_moved, last.in_moved
+

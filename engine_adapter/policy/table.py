@@ -1,0 +1,99 @@
+"""The intercept policies: one table, one entry per policy (its spec and its decision function).
+
+Adding a policy is adding an entry here: the engine's config, the command line, the benchmark and
+the README's table read the names, summaries and flags from this table.
+
+| policy            | KV at the pause      | afterwards                              | resume queued by   | prefix cache |
+|-------------------|----------------------|-----------------------------------------|--------------------|--------------|
+| discard           | freed                |                                         | new arrival (back) | off          |
+| vllm-apc          | freed                |                                         | new arrival (back) | on           |
+| improved-discard  | freed                |                                         | original arrival   | off          |
+| preserve          | kept                 |                                         | original arrival   | off          |
+| ttl               | kept                 | freed after ttl_s[type]                 | original arrival   | off          |
+| swap              | copied to host       | device copy freed once the copy is done | original arrival   | off          |
+| infercept         | kept                 | per iteration: swap / discard / keep    | original arrival   | off          |
+
+Whatever the policy, preserved KV is given back under memory pressure (`decide.demotion_order`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+from engine_adapter.policy.decide import DecisionInput, StepDecision, min_waste, ttl_for
+
+
+class Action(str, Enum):
+    """A policy's choice for a paused request's KV at the moment it pauses."""
+
+    PRESERVE = "preserve"
+    DISCARD = "discard"
+    SWAP = "swap"
+
+
+StepDecider = Callable[[DecisionInput], StepDecision]
+
+
+@dataclass(frozen=True)
+class PolicySpec:
+    name: str
+    summary: str  # one line: CLI help and the README's policy table
+    at_pause: Action
+    keep_arrival_time: bool = True  # the resume keeps its place in the FCFS queue
+    prefix_caching: bool = False  # freed blocks stay hittable (only today's vLLM: otherwise discards would be flattered)
+    ttl: bool = False  # preserved KV is freed once its type's time-to-live has passed
+    swap: bool = False  # needs the host buffer and the swap connector
+    decide: StepDecider | None = None  # per-iteration decisions over preserved paused requests
+    # Cap every iteration at the profile's saturation point S, so that recomputation (and prefill)
+    # proceeds in S-sized chunks (paper Sec. 4.3).
+    chunk_at_saturation: bool = False
+    estimator: str | None = None  # call-duration estimator it forces (None: the engine's setting)
+
+    def __post_init__(self) -> None:
+        if self.at_pause is Action.SWAP and not self.swap:
+            raise ValueError(f"policy {self.name}: swapping at the pause needs swap=True")
+
+
+DEFAULT_TTL_S: Mapping[str, float] = {
+    # Continuum-style: keep the KV across calls expected to be short, drop it for long ones.
+    "math": 1.0,
+    "qa": 2.0,
+    "ve": 1.0,
+    "chat": 0.0,
+    "image": 0.0,
+    "tts": 0.0,
+    "default": 1.0,
+}
+
+POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
+    PolicySpec("discard", "free the KV at every pause; the resume recomputes it at the back of the queue (vLLM as the paper measured)",
+               Action.DISCARD, keep_arrival_time=False),
+    PolicySpec("vllm-apc", "free the KV at every pause; freed blocks stay hittable in the prefix cache (today's vLLM)",
+               Action.DISCARD, keep_arrival_time=False, prefix_caching=True),
+    PolicySpec("improved-discard", "free the KV at every pause; the resume recomputes it in its original queue place",
+               Action.DISCARD),
+    PolicySpec("preserve", "keep the KV in the cache during every call", Action.PRESERVE),
+    PolicySpec("ttl", "keep the KV for a per-type time-to-live (engine.ttl_s), then free it (Continuum-style)",
+               Action.PRESERVE, ttl=True),
+    PolicySpec("swap", "copy the KV to host memory at every pause, within each iteration's swap budget; copy it back at the resume",
+               Action.SWAP, swap=True),
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice: swap the worst within the swap budget, preserve or discard the rest",
+               Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True),
+)}
+POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
+
+
+def policy_spec(name: str) -> PolicySpec:
+    spec = POLICIES.get(name)
+    if spec is None:
+        raise ValueError(f"unknown policy {name!r}; choose one of {', '.join(POLICY_NAMES)}")
+    return spec
+
+
+def pause_action(spec: PolicySpec, aug_type: str, ttl_s: Mapping[str, float]) -> Action:
+    """The action at the pause: the spec's, except that a zero time-to-live frees at once."""
+    if spec.ttl and ttl_for(ttl_s, aug_type) <= 0:
+        return Action.DISCARD
+    return spec.at_pause

@@ -1,0 +1,266 @@
+"""The intercept core's transitions, driven directly through a small KV pool (the `KvPort` vLLM's
+scheduler implements in the engine): each policy's pause, the swap path step by step within budgets,
+resumes, expiry, demotion, closes in every state, and the integrity of the host buffer throughout."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from engine_adapter.intercept.core import CoreSettings, InterceptCore, TransitionError
+from engine_adapter.intercept.records import BlockCounts, Fate, RestoredBy
+from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind, StepView
+from engine_adapter.intercept.swap import SwapPlanner
+from engine_adapter.policy.estimator import DurationEstimator
+from engine_adapter.policy.profile import Profile
+from engine_adapter.policy.table import policy_spec
+
+BLOCK = 16
+# Forward 10 ms per step at any size; swaps at 1,600 B/s of a 100 B/token KV: N_i = 0.16 tokens... so
+# budgets are set per test through the bandwidth.
+PROFILE = Profile(model="m", device="cpu", fwd_tokens=(1, 4096), fwd_seconds=(0.01, 0.01), saturation_tokens=256,
+                  kv_bytes_per_token=100, swap_out_bytes_per_s=100 * 3 * BLOCK / 0.01,
+                  swap_in_bytes_per_s=100 * 3 * BLOCK / 0.01)  # 3 blocks per 10 ms step
+
+
+class Pool:
+    """A KV pool: blocks per request, running slots. Paused requests hold a slot until released."""
+
+    def __init__(self, blocks: int = 64, slots: int = 8) -> None:
+        self.total, self.max_slots = blocks, slots
+        self.free_ids = list(range(blocks))
+        self.held: dict[str, list[int]] = {}
+        self.slots_used = 0
+        self.released: list[str] = []
+
+    def alloc(self, rid: str, tokens: int) -> None:
+        n = math.ceil(tokens / BLOCK)
+        self.held[rid] = [self.free_ids.pop(0) for _ in range(n)]
+        self.slots_used += 1
+
+    def release(self, request_id: str) -> None:
+        self.free_ids += self.held.pop(request_id)
+        self.slots_used -= 1
+        self.released.append(request_id)
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return list(self.held[request_id])
+
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    def slots_full(self) -> bool:
+        return self.slots_used >= self.max_slots
+
+    def counts(self, paused: set[str]) -> BlockCounts:
+        preserved = sum(len(b) for r, b in self.held.items() if r in paused)
+        return BlockCounts(self.total, len(self.free_ids), self.total - len(self.free_ids) - preserved, preserved)
+
+
+def make(policy: str, pool: Pool, host_slots: int = 32, ttl: dict[str, float] | None = None,
+         estimator: str = "prior") -> InterceptCore:
+    spec = policy_spec(policy)
+    swap = SwapPlanner(PROFILE, BLOCK, host_slots) if spec.swap else None
+    return InterceptCore(spec, pool, block_size=BLOCK, profile=PROFILE,
+                         estimator=DurationEstimator(estimator, {"math": (0.0001, 0.0001), "tts": (20.0, 5.0)}),
+                         settings=CoreSettings(ttl_s=ttl or {"default": 1.0}), swap=swap)
+
+
+def pause(core: InterceptCore, pool: Pool, rid: str, ctx: int, now: float, aug: str = "tts",
+          expected: float | None = 20.0) -> None:
+    pool.alloc(rid, ctx)
+    core.pause(PauseInfo(rid, "s-" + rid, aug, expected, "TTS", "react", ctx, arrival_time=float(len(rid))), now)
+
+
+def idle_view(pool: Pool) -> StepView:
+    return StepView(blocks_needed=0, head_waiting=None, running_requests=0, running_tokens=0)
+
+
+def step(core: InterceptCore, pool: Pool, now: float, view: StepView | None = None) -> tuple:
+    core.before_schedule(lambda: view or idle_view(pool), now)
+    copies = core.step_copies() if core.swap is not None else None
+    core.check(pool.counts(core.on_device_paused()))
+    return copies
+
+
+def test_discard_frees_at_the_pause_and_recomputes_at_the_back() -> None:
+    pool = Pool()
+    core = make("discard", pool)
+    pause(core, pool, "a", 40, now=1.0)
+    assert pool.released == ["a"] and core.entries["a"].state is KvState.DISCARDED
+    assert core.holds_device("a") is False
+    rec = core.outbox.pop("a")[0]
+    assert (rec.action, rec.kv_fate, rec.kv_released_at_s) == ("discard", Fate.DISCARD, 1.0)
+    r = core.resume("a", now=3.0, new_arrival_time=99.0)
+    assert r is not None and r.kind is ResumeKind.RECOMPUTE and r.arrival_time == 99.0  # back of the queue
+    core.scheduled([("a", 0)], total_tokens=40)
+    assert rec.restored_by is RestoredBy.RECOMPUTE and rec.tokens_recomputed == 40 and "a" not in core.entries
+    assert core.outbox["a"] == [rec]  # the front end hears how it came back
+    assert core.meter.recomputing == {"a": 40}
+
+
+def test_improved_discard_keeps_the_queue_place_and_vllm_apc_counts_prefix_hits() -> None:
+    pool = Pool()
+    core = make("improved-discard", pool)
+    pause(core, pool, "a", 40, now=1.0)
+    assert core.resume("a", 2.0, new_arrival_time=99.0).arrival_time == 1.0  # its original arrival
+    pool2 = Pool()
+    apc = make("vllm-apc", pool2)
+    pause(apc, pool2, "b", 40, now=1.0)
+    apc.resume("b", 2.0, 99.0)
+    apc.scheduled([("b", 32)], 8)
+    rec = apc.ledger.records[-1]
+    assert (rec.restored_by, rec.tokens_prefix_hit, rec.tokens_recomputed) == (RestoredBy.PARTIAL_PREFIX_CACHE, 32, 8)
+
+
+def test_preserve_keeps_the_kv_and_resumes_in_place() -> None:
+    pool = Pool()
+    core = make("preserve", pool)
+    pause(core, pool, "a", 40, now=1.0)
+    assert core.holds_device("a") is True and pool.released == []
+    core.check(pool.counts(core.on_device_paused()))
+    r = core.resume("a", 4.0, 99.0)
+    assert r.kind is ResumeKind.KEEP and r.arrival_time == 1.0 and "a" not in core.entries
+    rec = core.ledger.records[-1]
+    assert rec.restored_by is RestoredBy.PRESERVE and rec.tokens_kept == 40 and rec.call_duration_s == 3.0
+    assert core.estimator.mean_s("tts") != DurationEstimator("prior", {"tts": (20.0, 5.0)}).mean_s("tts")  # learned 3 s
+
+
+def test_ttl_expires_at_the_ttl_not_when_noticed() -> None:
+    pool = Pool()
+    core = make("ttl", pool, ttl={"math": 0.5, "tts": 0.0, "default": 2.0})
+    pause(core, pool, "zero", 40, now=0.0, aug="tts")  # zero TTL: freed at once
+    pause(core, pool, "m", 40, now=0.0, aug="math")
+    assert core.entries["zero"].state is KvState.DISCARDED and core.entries["m"].state is KvState.PRESERVED
+    step(core, pool, now=0.4)
+    assert core.entries["m"].state is KvState.PRESERVED
+    step(core, pool, now=7.0)
+    rec = core.entries["m"].record
+    assert rec.kv_fate is Fate.TTL_EXPIRED and rec.kv_released_at_s == 0.5
+    assert core.ledger.totals_at(7.0).ttl_expired == 1
+
+
+def test_swap_path_step_by_step_within_budgets() -> None:
+    pool = Pool()
+    core = make("swap", pool, host_slots=32)
+    pause(core, pool, "a", 5 * BLOCK + 3, now=0.0)  # 5 full blocks travel, the 3-token tail does not
+    e = core.entries["a"]
+    assert e.state is KvState.SWAPPING_OUT and e.host is not None and e.host.tokens == 5 * BLOCK
+    device = pool.block_ids("a")
+    c1 = step(core, pool, 0.01)
+    assert [d for d, _ in c1.swap_out] == device[:3]  # 3 blocks per step (the swap limit)
+    c2 = step(core, pool, 0.02)
+    assert [d for d, _ in c2.swap_out] == device[3:5] and e.state is KvState.SWAPPING_OUT
+    step(core, pool, 0.03)  # the step that copied the last blocks has run: the device copy goes
+    assert e.state is KvState.SWAPPED and pool.released == ["a"] and e.record.kv_fate is Fate.SWAP
+    assert core.check(pool.counts(core.on_device_paused())).host_tokens == 5 * BLOCK
+
+    r = core.resume("a", 1.0, 99.0)
+    assert r.kind is ResumeKind.LOAD and e.state is KvState.LOAD_QUEUED
+    assert core.load_lookup("a", 0) == (None, False)  # held back until armed
+    step(core, pool, 1.01)
+    assert e.state is KvState.LOAD_ARMED and core.load_lookup("a", 0) == (5 * BLOCK, True)
+    core.load_allocated("a", [40, 41, 42, 43, 44, 45], 5 * BLOCK)
+    got = []
+    for t in (1.02, 1.03):
+        c = core.step_copies()
+        got += c.swap_in
+    assert [d for d, _ in got] == [40, 41, 42, 43, 44] and e.state is KvState.LOADED
+    assert c.loads_done == ["a"]
+    core.before_schedule(lambda: idle_view(pool), 1.04)  # host slots come back one step later
+    assert e.host is None and core.swap.slots.num_free == 32
+    core.scheduled([("a", 5 * BLOCK)], 5 * BLOCK + 3)
+    rec = core.ledger.records[-1]
+    assert (rec.restored_by, rec.tokens_swapped_in, rec.tokens_recomputed) == (RestoredBy.SWAP, 5 * BLOCK, 3)
+    assert core.meter.recomputing == {"a": 3}
+
+
+def test_full_host_buffer_falls_back_to_discard() -> None:
+    pool = Pool()
+    core = make("swap", pool, host_slots=2)
+    pause(core, pool, "a", 2 * BLOCK, now=0.0)
+    pause(core, pool, "b", 2 * BLOCK, now=0.0)
+    pause(core, pool, "c", BLOCK - 1, now=0.0)  # no full block: nothing to swap (not a fallback)
+    assert core.entries["b"].state is KvState.DISCARDED and core.entries["c"].state is KvState.DISCARDED
+    assert core.ledger.totals.swap_fallbacks == 1
+
+
+def test_resume_during_copy_out_keeps_the_device_copy() -> None:
+    pool = Pool()
+    core = make("swap", pool)
+    pause(core, pool, "a", 5 * BLOCK, now=0.0)
+    step(core, pool, 0.01)
+    assert core.resume("a", 0.02, 9.0).kind is ResumeKind.KEEP
+    assert core.swap.slots.num_free == core.swap.slots.num_slots and pool.released == []
+    assert core.ledger.records[-1].restored_by is RestoredBy.PRESERVE
+
+
+def test_infercept_swaps_long_calls_and_keeps_short_ones() -> None:
+    pool = Pool()
+    core = make("infercept", pool)
+    pause(core, pool, "calc", 4 * BLOCK, now=0.0, aug="math", expected=0.0001)
+    pause(core, pool, "tts", 4 * BLOCK, now=0.0, aug="tts", expected=20.0)
+    assert core.entries["tts"].state is KvState.PRESERVED  # decided per iteration, not at the pause
+    budget = core.before_schedule(lambda: StepView(0, None, running_requests=2, running_tokens=200), 0.001)
+    assert budget == PROFILE.saturation_tokens  # iterations capped at S: chunked recompute
+    assert core.entries["tts"].state is KvState.SWAPPING_OUT and core.entries["calc"].state is KvState.PRESERVED
+
+
+def test_demotion_frees_the_latest_back_when_running_work_needs_blocks() -> None:
+    pool = Pool(blocks=10)
+    core = make("preserve", pool)
+    pause(core, pool, "soon", 3 * BLOCK, now=0.0, expected=1.0)
+    pause(core, pool, "late", 3 * BLOCK, now=0.0, expected=30.0)
+    step(core, pool, 0.1, StepView(blocks_needed=5, head_waiting=None, running_requests=1, running_tokens=10))
+    assert core.entries["late"].record.kv_fate is Fate.DEMOTED and core.entries["soon"].state is KvState.PRESERVED
+    assert pool.num_free_blocks() == 7
+
+
+def test_demotion_frees_slots_for_a_resumed_session() -> None:
+    pool = Pool(blocks=64, slots=2)
+    core = make("preserve", pool)
+    pause(core, pool, "a", BLOCK, now=0.0)
+    pause(core, pool, "b", BLOCK, now=0.0)
+    pause(core, pool, "c", BLOCK, now=0.0)  # a session the pool let in past its slots (a test shortcut)
+    core.resume("c", 0.5, 9.0)
+    pool.release("c")
+    # c waits at the head of the queue and is a known session: it must get a slot.
+    step(core, pool, 1.0, StepView(blocks_needed=1, head_waiting="c", running_requests=0, running_tokens=0))
+    assert not pool.slots_full() and sum(e.record.kv_fate is Fate.DEMOTED for e in core.entries.values()) == 1
+
+
+def test_close_in_every_state_frees_host_slots_and_reports_abandoned_loads() -> None:
+    pool = Pool()
+    core = make("swap", pool)
+    for rid in ("p", "o", "l"):
+        pause(core, pool, rid, 2 * BLOCK, now=0.0)
+    for t in (0.01, 0.02, 0.03):
+        step(core, pool, t)
+    core.resume("l", 1.0, 9.0)
+    step(core, pool, 1.01)
+    core.load_allocated("l", [50, 51], 2 * BLOCK)
+    for rid in ("p", "o", "l"):
+        core.close(rid, 2.0)
+    assert core.entries == {} and core.swap.slots.num_free == core.swap.slots.num_slots
+    assert core.step_copies().loads_done == ["l"]  # vLLM frees its allocated blocks once reported
+    assert core.step_copies().loads_done == []
+
+
+def test_transitions_from_the_wrong_state_raise() -> None:
+    pool = Pool()
+    core = make("swap", pool)
+    pause(core, pool, "a", 2 * BLOCK, now=0.0)
+    with pytest.raises(TransitionError):
+        core.start_swap_out(core.entries["a"], 0.1)  # already copying
+    with pytest.raises(TransitionError):
+        core.pause(PauseInfo("a", "s", "tts", None, None, None, 32, 0.0), 0.1)
+    assert core.resume("never-paused", 0.1, 0.0) is None
+
+
+def test_tag_refines_the_current_pause() -> None:
+    pool = Pool()
+    core = make("preserve", pool)
+    pause(core, pool, "a", BLOCK, now=0.0, aug="default", expected=None)
+    assert core.tag("s-a", "image", 12.5) and core.entries["a"].record.aug_type == "image"
+    assert not core.tag("s-unknown", "image", 1.0)
