@@ -70,15 +70,6 @@ def build_registry(settings: Mapping[str, Any]) -> tuple[Registry, dict[str, flo
             ex = EXECUTORS[key](**kwargs)
         except (TypeError, ValueError) as e:
             raise ValueError(f"augmentations.{key}: {e}") from e
-        reg.add(ex)
+        reg.add(ex, aliases=[key])  # sessions may name a tool by its config key ("human" for AskHuman)
         timeouts[ex.name] = value.get("timeout_s")
     return reg, timeouts
-
-
-def tool_key(name: str) -> str | None:
-    """The config key for a tool named either way ("calculator" or "Calculator")."""
-    low = name.strip().lower()
-    for key, cls in EXECUTORS.items():
-        if low in (key, str(getattr(cls, "name", "")).lower()):
-            return key
-    return None

@@ -15,6 +15,18 @@ from augmentations.base import Augmentation
 from engine_adapter.hints import ToolHint
 from engine_adapter.policy.estimator import load_priors
 
+
+def tool_name_key(name: str) -> str:
+    """The one rule for matching tool names: case-insensitive, surrounding space ignored (models write
+    "calculator" as often as "Calculator")."""
+    return name.strip().lower()
+
+
+def find_tool(name: str, names: Iterable[str]) -> str | None:
+    """The entry of `names` that `name` refers to, as spelled there."""
+    key = tool_name_key(name)
+    return next((n for n in names if tool_name_key(n) == key), None)
+
 PRIORS = Path(__file__).resolve().parent.parent / "configs" / "augmentations.yaml"
 
 
@@ -31,27 +43,36 @@ class UnknownTool(KeyError):
 class Registry:
     def __init__(self, executors: Iterable[Augmentation] = (), priors: Mapping[str, tuple[float, float]] | None = None) -> None:
         self._by_key: dict[str, Augmentation] = {}
+        self._aliases: dict[str, str] = {}  # another name (the config key) -> the executor's key
         self._priors = dict(priors) if priors is not None else (load_priors(str(PRIORS)) if PRIORS.is_file() else {})
         for ex in executors:
             self.add(ex)
 
-    def add(self, executor: Augmentation) -> None:
-        key = executor.name.lower()
+    def add(self, executor: Augmentation, aliases: Iterable[str] = ()) -> None:
+        key = tool_name_key(executor.name)
         if key in self._by_key:
             raise ValueError(f"tool {executor.name!r} registered twice")
         self._by_key[key] = executor
+        for alias in aliases:
+            self._aliases[tool_name_key(alias)] = key
+
+    def resolve(self, name: str) -> str | None:
+        """The executor name a tool name or alias refers to (None: no such tool)."""
+        key = tool_name_key(name)
+        ex = self._by_key.get(self._aliases.get(key, key))
+        return ex.name if ex is not None else None
 
     def get(self, name: str) -> Augmentation:
-        ex = self._by_key.get(name.strip().lower())
-        if ex is None:
+        resolved = self.resolve(name)
+        if resolved is None:
             raise UnknownTool(name, self.names())
-        return ex
+        return self._by_key[tool_name_key(resolved)]
 
     def names(self) -> list[str]:
         return [ex.name for ex in self._by_key.values()]
 
     def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and name.strip().lower() in self._by_key
+        return isinstance(name, str) and self.resolve(name) is not None
 
     def hints(self, names: Iterable[str] | None = None) -> dict[str, ToolHint]:
         """kv_hints tool table for the given tools (all by default): type and prior mean duration.

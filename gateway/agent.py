@@ -5,35 +5,39 @@ The loop runs in a task of its own (`_drive`) that outlives any one HTTP request
 session paused under its intercept policy, and the current response ends (`done` with the state
 `awaiting_user` or `in_tool`). The request that brings the answer (the next message, or
 `POST /tool_results`) resolves the future and reads the rest of the events. A consumer that goes away
-before its `done` (client disconnect) cancels the loop: the engine aborts the generation and frees
-its KV, and the session stays usable for the next message.
+before its `done` (client disconnect) cancels the loop: the engine aborts the generation and frees its
+KV, and the session stays usable for the next message.
 
 Events are `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
-done or error (see the README's API section).
+done or error (see the README's API section). What the engine decided at a pause comes with the turn's
+end (`TurnEnd.intercept`) and how the context came back with the next turn (`Resumed`): no round trip.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import re
 import secrets
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from augmentations.base import CallContext, ToolError, ToolResult
-from augmentations.registry import Registry, UnknownTool
-from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, Session, TokenDelta, TurnEnd
+from augmentations.registry import Registry, UnknownTool, find_tool
+from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, Resumed, Session, TokenDelta, TurnEnd
+from engine_adapter.intercept.records import InterceptRecord
+from gateway.artifacts import ArtifactStore
+from gateway.config import ServerConfig
+from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
+from gateway.toolcalls import CallParser, ToolChoice, ToolChoiceError, choice_regex
 
 log = logging.getLogger("infercept.gateway")
 
 State = Literal["idle", "generating", "in_tool", "awaiting_user", "closed"]
-ToolChoice = str | dict[str, Any]  # "auto" | "required" | "none" | {"name": tool}
 Event = tuple[str, dict[str, Any]]
 TERMINAL = ("done", "error")
 HUMAN_TOOL = "AskHuman"
@@ -46,6 +50,34 @@ class AgentError(Exception):
     def __init__(self, status: int, kind: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.kind, self.extra = status, kind, extra
+
+
+@dataclass(frozen=True)
+class AgentContext:
+    """What an agent session needs from the gateway: built once, when the engine is ready."""
+
+    engine: InterceptEngine
+    registry: Registry
+    limits: ServerConfig
+    metrics: GatewayMetrics
+    prompts: PromptBuilder
+    artifacts: ArtifactStore
+    calls: CallParser
+    timeouts: Mapping[str, float | None] = field(default_factory=dict)  # per executor name
+
+
+def intercept_json(rec: InterceptRecord) -> dict[str, Any]:
+    """An intercept as the API shows it (session info, `intercept`/`resume` events, OpenAI extras)."""
+    restored = rec.restored_by.value if rec.restored_by is not None else None
+    return {
+        "intercept_id": rec.intercept_id, "type": rec.aug_type, "tool": rec.tool, "trigger": rec.trigger,
+        "policy": rec.action, "engine_policy": rec.policy, "kv_fate": rec.kv_fate.value,
+        "context_tokens": rec.context_tokens, "expected_duration_s": rec.expected_duration_s,
+        "duration_s": rec.call_duration_s, "restored_by": restored,
+        "tokens_preserved": rec.tokens_kept if restored in ("preserve", None) else 0,
+        "tokens_swapped": rec.tokens_swapped_in, "tokens_recomputed": rec.tokens_recomputed,
+        "tokens_prefix_hit": rec.tokens_prefix_hit,
+    }
 
 
 @dataclass
@@ -76,17 +108,9 @@ class _Pending:
 
 
 class AgentSession:
-    def __init__(
-        self,
-        gateway: Any,  # gateway.app.Gateway (kept loose to avoid an import cycle)
-        engine_session: Session,
-        *,
-        system: str | None,
-        tools: list[str],
-        client_tools: dict[str, dict[str, Any]],
-        max_tokens: int,
-    ) -> None:
-        self.gw = gateway
+    def __init__(self, ctx: AgentContext, engine_session: Session, *, system: str | None, tools: list[str],
+                 client_tools: dict[str, dict[str, Any]], max_tokens: int) -> None:
+        self.ctx = ctx
         self.es = engine_session
         self.id = engine_session.id
         self.token = secrets.token_urlsafe(24)
@@ -106,20 +130,27 @@ class AgentSession:
         self._last_end: TurnEnd | None = None
 
     # ------------------------------------------------------------------ public
-    @property
-    def engine(self) -> InterceptEngine:
-        return self.es.engine
-
-    @property
-    def registry(self) -> Registry:
-        return self.gw.registry
-
     def touch(self) -> None:
         self.last_active_s = time.monotonic()
+
+    @property
+    def pending_call(self) -> CallRecord | None:
+        """The call the session waits on (a human's answer or a client tool's result)."""
+        return self._pending.call if self._pending is not None else None
+
+    @property
+    def waiting_for_outside(self) -> bool:
+        """Nothing runs on the server's side: waiting for the user or a client."""
+        return self.state in ("idle", "awaiting_user") or self._pending is not None
 
     def public_state(self) -> str:
         # `idle` (nothing asked yet, or the last answer given) is what a client sees as waiting for it.
         return "awaiting_user" if self.state == "idle" else self.state
+
+    def tool_specs(self) -> list[ToolSpec]:
+        specs = [ToolSpec(ex.name, ex.description) for ex in (self.ctx.registry.get(n) for n in self.tools)]
+        specs += [ToolSpec(name, spec.get("description") or "a tool the client runs") for name, spec in self.client_tools.items()]
+        return specs
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -128,9 +159,9 @@ class AgentSession:
             "tools": self.tools + list(self.client_tools),
             "client_tools": list(self.client_tools),
             "created": self.created_s,
-            "context_tokens": len(self.es.history) + (self.es._pending_last is not None),
+            "context_tokens": self.es.context_tokens,
             "usage": dict(self.usage),
-            "pending_call": self._pending.call.to_dict() if self._pending else None,
+            "pending_call": self.pending_call.to_dict() if self.pending_call else None,
             "transcript": list(self.transcript),
             "calls": [c.to_dict() for c in self.calls],
         }
@@ -161,37 +192,16 @@ class AgentSession:
         """Start the loop on these tokens (a message's, or a whole prompt the OpenAI route rendered)."""
         if self.state != "idle" or self._pending is not None:
             raise AgentError(409, "session_busy", f"the session is {self.public_state()}")
-        limit = self.engine.config.max_model_len
-        total = len(self.es.history) + (self.es._pending_last is not None) + len(tokens)
-        if total >= limit:
-            raise AgentError(413, "context_too_long",
-                             f"the context would be {total} tokens; the model's limit is {limit}",
-                             tokens=total, limit=limit)
-        regex = self.choice_regex(tool_choice)
+        try:
+            self.es.check_room(len(tokens))
+            regex = choice_regex(tool_choice, self.tools + list(self.client_tools))
+        except ContextTooLong as e:
+            raise AgentError(413, "context_too_long", f"the context would be {e.tokens - 1} tokens; the model's "
+                             f"limit is {e.limit}", tokens=e.tokens - 1, limit=e.limit) from e
+        except ToolChoiceError as e:
+            raise AgentError(400, e.kind, str(e)) from e
         self.state = "generating"
         self._task = asyncio.create_task(self._drive(tokens, regex), name=f"agent-{self.id}")
-
-    def choice_regex(self, tool_choice: ToolChoice) -> str | None:
-        """The structured-output regex that enforces `tool_choice` on the message's first model turn:
-        `auto` none; `required` a ReAct step calling one of the session's tools; {"name": X} a step
-        calling X; `none` a step that answers without a tool."""
-        line = r"[^\s\]\[][^\n\]\[]{0,59}"
-        if tool_choice == "auto":
-            return None
-        if tool_choice == "none":
-            return rf"Thought: {line}\nAnswer: {line}"
-        names = self.tools + list(self.client_tools)
-        if tool_choice == "required":
-            if not names:
-                raise AgentError(400, "invalid_request", "tool_choice 'required' but the session has no tools")
-        else:
-            wanted = str(tool_choice.get("name", ""))
-            match = [n for n in names if n.lower() == wanted.lower()]
-            if not match:
-                raise AgentError(400, "unknown_tool", f"tool_choice names {wanted!r}; the session's tools: {', '.join(names) or 'none'}")
-            names = match
-        alts = "|".join(re.escape(n) for n in names)
-        return rf"Thought: {line}\nAction: ({alts})\[{line}\]"
 
     async def events(self) -> AsyncIterator[Event]:
         """The events of the loop started with `start`, up to the next done/error."""
@@ -218,8 +228,7 @@ class AgentSession:
         self._emit("error", type="session_closed", message="the session was closed")
         await self.es.close()
         for name in self.tools:
-            ex = self.registry.get(name)
-            end = getattr(ex, "end_session", None)
+            end = getattr(self.ctx.registry.get(name), "end_session", None)
             if end is not None:
                 await end(self.id)
 
@@ -259,32 +268,22 @@ class AgentSession:
         self._queue = asyncio.Queue()  # nothing stale reaches the next consumer
         if self.state != "closed":
             self.state = "idle"
-        self.gw.metrics.disconnects.inc()
+        self.ctx.metrics.disconnects.inc()
 
     def _emit(self, name: str, **data: Any) -> None:
         self._queue.put_nowait((name, data))
 
     def _message_tokens(self, content: str) -> list[int]:
-        pb: PromptBuilder = self.gw.prompts
+        pb, engine = self.ctx.prompts, self.ctx.engine
         if self._last_end is None and not self.es.history:
-            text = pb.opening(self.system, self._tool_specs(), [], content)
-            return self.engine.encode(text)
+            return engine.encode(pb.opening(self.system, self.tool_specs(), [], content))
         delta = pb.user_delta(content)
         eos = pb.eos_text()
         # A turn that ended on EOS left that token pending in the session (the engine re-sends it);
         # the template's copy of it must not be added twice.
         if self._last_end is not None and self._last_end.reason == "stop" and eos and delta.startswith(eos):
             delta = delta[len(eos):]
-        return self.engine.encode(delta)
-
-    def _tool_specs(self) -> list[ToolSpec]:
-        specs = [ToolSpec(ex.name, ex.description) for ex in (self.registry.get(n) for n in self.tools)]
-        specs += [ToolSpec(name, spec.get("description") or "a tool the client runs") for name, spec in self.client_tools.items()]
-        return specs
-
-    async def _last_intercept(self) -> dict[str, Any] | None:
-        recs = await self.engine.intercepts(self.id)
-        return recs[-1] if recs else None
+        return engine.encode(delta)
 
     # ------------------------------------------------------------------ the loop
     async def _drive(self, tokens: list[int], regex: str | None = None) -> None:
@@ -304,6 +303,7 @@ class AgentSession:
             self._emit("error", type="internal_error", message=f"{type(e).__name__}: {e}")
 
     async def _loop(self, tokens: list[int], regex: str | None = None) -> None:
+        limits = self.ctx.limits
         calls_this_message = 0
         reply_text: list[str] = []
         prompt_tokens, completion_tokens = len(tokens), 0
@@ -312,43 +312,46 @@ class AgentSession:
         while True:
             self.state = "generating"
             end: TurnEnd | None = None
-            announced = False
+            announce = resume_of is not None or chat_resume
             async for ev in self.es.turn(tokens, self.max_tokens, regex):
-                if isinstance(ev, TokenDelta):
-                    if not announced and (resume_of is not None or chat_resume):
-                        await self._announce_resume(resume_of)
-                        announced = True
+                if isinstance(ev, Resumed):
+                    if announce:
+                        self._announce_resume(resume_of, ev.intercept)
+                        announce = False
+                elif isinstance(ev, TokenDelta):
+                    if announce:  # a new engine request (after an abort): its context was recomputed
+                        self._announce_resume(resume_of, None)
+                        announce = False
                     if ev.text:
                         self._emit("token", text=ev.text)
                 else:
                     end = ev
             assert end is not None
-            if not announced and (resume_of is not None or chat_resume):
-                await self._announce_resume(resume_of)
+            if announce:
+                self._announce_resume(resume_of, None)
             chat_resume, regex = False, None  # tool_choice binds the first model turn only
             self._last_end = end
             completion_tokens += len(end.token_ids)
             reply_text.append(end.text)
             if end.reason != "tool_call" or end.call is None:
                 break
-            call = await self._start_call(end)
+            call = self._start_call(end)
             calls_this_message += 1
-            if calls_this_message > self.gw.config.server.max_tool_calls:
-                result = ToolResult(f"Tool call limit of {self.gw.config.server.max_tool_calls} reached; give the answer now.", error=True)
+            if calls_this_message > limits.max_tool_calls:
+                result = ToolResult(f"Tool call limit of {limits.max_tool_calls} reached; give the answer now.", error=True)
             else:
                 result = await self._run_call(call)
             content = result.content.strip()
-            limit = self.gw.config.server.max_observation_chars
-            if len(content) > limit:
-                content = content[:limit] + " ...(cut)"
+            if len(content) > limits.max_observation_chars:
+                content = content[:limits.max_observation_chars] + " ...(cut)"
             call.result, call.error = content, result.error
             call.duration_s = time.time() - call.started_s
-            call.artifacts = [self.gw.artifacts.put(a, self.id) for a in result.artifacts]
-            self.gw.metrics.tool_done(call.tool, call.aug_type or "unknown", call.duration_s, "error" if result.error else "ok")
+            call.artifacts = [self.ctx.artifacts.put(a, self.id) for a in result.artifacts]
+            self.ctx.metrics.tool_done(call.tool, call.aug_type or "unknown", call.duration_s, "error" if result.error else "ok")
             self.transcript.append({"role": "tool", "call_id": call.call_id, "tool": call.tool, "content": content})
             self._emit("tool_result", call_id=call.call_id, tool=call.tool, content=content, error=result.error,
                        artifacts=call.artifacts, duration_s=round(call.duration_s, 4))
-            tokens = self.engine.encode(PromptBuilder.observation(content))
+            tokens = self.ctx.engine.encode(PromptBuilder.observation(content))
             prompt_tokens += len(tokens)
             resume_of = call
             reply_text.append(PromptBuilder.observation(content))
@@ -364,41 +367,44 @@ class AgentSession:
                           "context_tokens": end.context_tokens},
                    state="awaiting_user")
 
-    async def _announce_resume(self, call: CallRecord | None) -> None:
-        rec = await self._last_intercept()
-        restored = rec.get("restored_by") if rec else None
+    def _announce_resume(self, call: CallRecord | None, rec: InterceptRecord | None) -> None:
+        """How the paused context came back. Without a record the engine request was opened anew (after
+        an abort), which recomputes the whole context."""
+        restored = rec.restored_by.value if rec is not None and rec.restored_by is not None else "recompute"
         if call is not None:
             call.restored_by = restored
         self._emit("resume", call_id=call.call_id if call else None, tool=call.tool if call else None,
-                   restored_by=restored, policy=rec.get("action") if rec else None,
-                   kv_fate=rec.get("kv_fate") if rec else None,
-                   tokens_recomputed=rec.get("tokens_recomputed") if rec else None,
-                   tokens_swapped_in=rec.get("tokens_swapped_in") if rec else None)
+                   restored_by=restored, policy=rec.action if rec else None,
+                   kv_fate=rec.kv_fate.value if rec else None,
+                   tokens_recomputed=rec.tokens_recomputed if rec else None,
+                   tokens_swapped_in=rec.tokens_swapped_in if rec else None)
 
-    async def _start_call(self, end: TurnEnd) -> CallRecord:
+    def _start_call(self, end: TurnEnd) -> CallRecord:
         assert end.call is not None
-        tool, args = parse_call(self.gw, end.call.trigger, end.call.tool, end.call.arguments or "")
+        tool, args = self.ctx.calls.parse(end.call.trigger, end.call.tool, end.call.arguments or "")
         kind: Literal["server", "human", "client", "unknown"]
-        if tool in self.client_tools:
-            kind = "client"
-        elif tool.lower() == HUMAN_TOOL.lower() and HUMAN_TOOL in self.tools:
+        client = find_tool(tool, self.client_tools)
+        server = find_tool(tool, self.tools)
+        if client is not None:
+            kind, tool = "client", client
+        elif server == HUMAN_TOOL:
             kind, tool = "human", HUMAN_TOOL
-        elif any(tool.lower() == t.lower() for t in self.tools):
-            kind, tool = "server", self.registry.get(tool).name
+        elif server is not None:
+            kind, tool = "server", server
         else:
             kind = "unknown"
         call = CallRecord(call_id="call_" + secrets.token_hex(8), tool=tool, arguments=args, kind=kind)
         self.calls.append(call)
         self.transcript.append({"role": "assistant", "content": end.text, "call_id": call.call_id})
         self._emit("tool_call", call_id=call.call_id, tool=tool, arguments=args, executor=kind)
-        rec = await self._last_intercept()
+        rec = end.intercept
         if rec is not None:
-            call.aug_type, call.policy = rec.get("aug_type"), rec.get("action")
-            call.context_tokens, call.intercept_id = rec.get("context_tokens"), rec.get("intercept_id")
-        self.gw.metrics.intercept(call.aug_type or "unknown", call.policy or "unknown")
+            call.aug_type, call.policy = rec.aug_type, rec.action
+            call.context_tokens, call.intercept_id = rec.context_tokens, rec.intercept_id
+        self.ctx.metrics.intercept(call.aug_type or "unknown", call.policy or "unknown")
         self._emit("intercept", call_id=call.call_id, tool=tool, type=call.aug_type, policy=call.policy,
-                   engine_policy=rec.get("policy") if rec else None, context_tokens=call.context_tokens,
-                   expected_duration_s=rec.get("expected_duration_s") if rec else None)
+                   engine_policy=rec.policy if rec else None, context_tokens=call.context_tokens,
+                   expected_duration_s=rec.expected_duration_s if rec else None)
         return call
 
     async def _run_call(self, call: CallRecord) -> ToolResult:
@@ -408,11 +414,10 @@ class AgentSession:
         if call.kind in ("human", "client"):
             return await self._wait_for_outside(call)
         self.state = "in_tool"
-        ex = self.registry.get(call.tool)
-        timeout = self.gw.timeouts.get(ex.name) or self.gw.config.server.tool_timeout_s
-        ctx = CallContext(session_id=self.id, timeout_s=timeout)
+        ex = self.ctx.registry.get(call.tool)
+        timeout = self.ctx.timeouts.get(ex.name) or self.ctx.limits.tool_timeout_s
         try:
-            return await asyncio.wait_for(ex.run(call.arguments, ctx), timeout)
+            return await asyncio.wait_for(ex.run(call.arguments, CallContext(session_id=self.id, timeout_s=timeout)), timeout)
         except ToolError as e:
             return ToolResult(f"Error: {e}", error=True)
         except TimeoutError:
@@ -432,42 +437,14 @@ class AgentSession:
             self.state = "awaiting_user"
             self._emit("done", reply=call.arguments, finish_reason="ask_human", state="awaiting_user",
                        pending_call=call.to_dict(), usage=None)
-        else:
-            self.state = "in_tool"
-            self._emit("done", reply=None, finish_reason="tool_calls", state="in_tool",
-                       pending_call=call.to_dict(), usage=None)
-        if call.kind == "human":
             ask: Callable[[str], Awaitable[str]] = lambda _q: fut  # noqa: E731
             try:
-                return await self.registry.get(HUMAN_TOOL).run(call.arguments, CallContext(session_id=self.id, extra={"ask_human": ask}))
+                return await self.ctx.registry.get(HUMAN_TOOL).run(call.arguments, CallContext(session_id=self.id, extra={"ask_human": ask}))
             except ToolError as e:
                 return ToolResult(f"Error: {e}", error=True)
+        self.state = "in_tool"
+        self._emit("done", reply=None, finish_reason="tool_calls", state="in_tool", pending_call=call.to_dict(), usage=None)
         return ToolResult(await fut)
 
 
-def parse_call(gw: Any, trigger: str, tool: str | None, arguments: str) -> tuple[str, str]:
-    """(tool name, argument text) of a call. ReAct calls come parsed by the trigger; JSON calls go
-    through vLLM's Hermes tool parser (the format's reference implementation)."""
-    if trigger != "tool_call":
-        return (tool or "").strip(), arguments.strip()
-    calls = gw.parse_json_calls(f"<tool_call>{arguments}</tool_call>")
-    if not calls:
-        return "unparsable", arguments
-    name, args = calls[0]
-    return name, json_args_to_text(args)
-
-
-def json_args_to_text(args: str) -> str:
-    """A JSON arguments object as the text an executor takes: the value of a single argument, or
-    the JSON itself when there are several."""
-    try:
-        obj = json.loads(args)
-    except (TypeError, ValueError):
-        return str(args)
-    if isinstance(obj, dict) and len(obj) == 1:
-        (value,) = obj.values()
-        return value if isinstance(value, str) else json.dumps(value)
-    return obj if isinstance(obj, str) else json.dumps(obj)
-
-
-__all__ = ["AgentError", "AgentSession", "CallRecord", "Event", "parse_call"]
+__all__ = ["AgentContext", "AgentError", "AgentSession", "CallRecord", "Event", "intercept_json"]

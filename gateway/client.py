@@ -96,24 +96,32 @@ class AsyncClient:
     def _auth(s: SessionRef) -> dict[str, str]:
         return {"X-Session-Token": s.token}
 
-    async def health(self) -> dict[str, Any]:
-        r = await self.http.get("/healthz")
+    async def health(self, timeout_s: float | None = None) -> dict[str, Any]:
+        r = await self.http.get("/healthz", timeout=timeout_s if timeout_s is not None else httpx.USE_CLIENT_DEFAULT)
         return {"status_code": r.status_code, **r.json()}
 
-    async def wait_ready(self, timeout_s: float = 300.0) -> dict[str, Any]:
+    async def wait_ready(self, timeout_s: float = 300.0, poll_timeout_s: float = 5.0) -> dict[str, Any]:
+        """Poll /healthz until the engine is ready. Each poll has its own short timeout inside the
+        overall deadline, so a server that stops answering cannot stall the wait; on failure the error
+        says what the last poll saw."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
+        seen = "no answer yet"
         while True:
+            left = deadline - loop.time()
             try:
-                h = await self.health()
+                h = await self.health(timeout_s=max(0.1, min(poll_timeout_s, left)))
                 if h["status_code"] == 200:
                     return h
                 if h.get("status") == "failed":
                     raise ApiError(503, "not_ready", h.get("error", "engine failed"))
-            except httpx.TransportError:
-                pass
-            if loop.time() > deadline:
-                raise TimeoutError(f"{self.base_url} not ready after {timeout_s} s")
+                seen = f"HTTP {h['status_code']} {h.get('status')}"
+            except httpx.TimeoutException:
+                seen = f"no response to GET /healthz within {poll_timeout_s:g} s"
+            except httpx.TransportError as e:
+                seen = f"{type(e).__name__}: {e}"
+            if loop.time() + 0.5 > deadline:
+                raise TimeoutError(f"{self.base_url} not ready after {timeout_s:g} s; last health check: {seen}")
             await asyncio.sleep(0.5)
 
     async def create_session(self, *, system: str | None = None, tools: list[str] | None = None,

@@ -56,6 +56,18 @@ def int_field(body: Mapping[str, Any], name: str, lo: int, hi: int, default: int
     return value
 
 
+def number_field(body: Mapping[str, Any], name: str, lo: float, hi: float, default: float) -> float:
+    value = field(body, name, (int, float), default=default)
+    if not lo <= value <= hi:
+        raise ApiError(400, "invalid_request", f"'{name}' must be between {lo:g} and {hi:g}")
+    return float(value)
+
+
+def error_status(error_event: Mapping[str, Any]) -> int:
+    """The HTTP status of a non-streamed response whose events ended in an `error` event."""
+    return {"context_too_long": 413, "session_closed": 410}.get(str(error_event.get("type")), 500)
+
+
 class SSE:
     """A Server-Sent Events response. Writing to a client that has gone raises ConnectionError."""
 

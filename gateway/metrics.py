@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections import Counter as TallyCounter
 from collections.abc import Iterable
-from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from engine_adapter.intercept.reports import EngineStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,24 +44,21 @@ class GatewayMetrics:
     def tool_done(self, tool: str, aug_type: str, seconds: float, outcome: str) -> None:
         self.tool_latency.labels(tool, aug_type, outcome).observe(seconds)
 
-    def refresh(self, stats: dict[str, Any], session_states: Iterable[str]) -> None:
-        blocks = stats["blocks"]
-        for state in ("free", "running", "preserved", "swapped_to_host"):
-            self.kv_blocks.labels("swapped" if state == "swapped_to_host" else state).set(blocks.get(state, 0))
-        waste = stats["waste"]["by_kind"]
-        for kind, v in waste.items():
-            self.waste_token_s.labels(kind).set(v["token_s"])
-            self.waste_gb_min.labels(kind).set(v["gb_min"])
-        self.recompute_share.set(stats["waste"]["recompute_share_of_forward"])
-        totals = stats["totals"]
-        self.recomputed.set(totals["recomputed_tokens"])
-        self.prefix_hits.set(totals["prefix_hit_tokens"])
-        self.engine_intercepts.set(totals["intercepts"])
-        self.paused.set(stats["paused"])
-        swap = stats.get("swap") or {}
-        per_token = (swap.get("kv_bytes_per_token") or 0)
-        self.swap_bytes.labels("out").set(swap.get("tokens_out", 0) * per_token)
-        self.swap_bytes.labels("in").set(swap.get("tokens_in", 0) * per_token)
+    def refresh(self, stats: EngineStats, session_states: Iterable[str]) -> None:
+        b = stats.blocks
+        for state, n in (("free", b.free), ("running", b.running), ("preserved", b.preserved), ("swapped", b.swapped_to_host)):
+            self.kv_blocks.labels(state).set(n)
+        for kind, v in stats.waste.by_kind.items():
+            self.waste_token_s.labels(kind).set(v.token_s)
+            self.waste_gb_min.labels(kind).set(v.gb_min)
+        self.recompute_share.set(stats.waste.recompute_share_of_forward)
+        self.recomputed.set(stats.totals.recomputed_tokens)
+        self.prefix_hits.set(stats.totals.prefix_hit_tokens)
+        self.engine_intercepts.set(stats.totals.intercepts)
+        self.paused.set(stats.paused)
+        swap = stats.swap
+        self.swap_bytes.labels("out").set(swap.tokens_out * swap.kv_bytes_per_token if swap else 0)
+        self.swap_bytes.labels("in").set(swap.tokens_in * swap.kv_bytes_per_token if swap else 0)
         tally = TallyCounter(session_states)
         for state in ("generating", "in_tool", "awaiting_user"):
             self.sessions.labels(state).set(tally.get(state, 0))

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from augmentations.factory import build_registry, tool_key, validate_settings
+from augmentations.factory import build_registry, validate_settings
 from gateway.config import load_gateway_config
 
 
@@ -11,7 +11,9 @@ def test_registry_from_settings() -> None:
     assert reg.names() == ["Calculator", "AskHuman"]
     assert timeouts == {"Calculator": 2, "AskHuman": None}
     assert reg.hints(["calculator"])["Calculator"].aug_type == "math"
-    assert tool_key("AskHuman") == "human" and tool_key("tts") == "tts" and tool_key("nope") is None
+    # One matching rule: executor names and config keys, any case.
+    assert [reg.resolve(n) for n in ("human", "askhuman", " Calculator ", "wikipedia", "nope")] == [
+        "AskHuman", "AskHuman", "Calculator", None, None]  # wikipedia is disabled
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -49,7 +51,7 @@ def test_gateway_config_validation(tmp_path) -> None:
 
 
 def test_shipped_config_loads() -> None:
-    from engine_adapter.cli import DEFAULT_CONFIG
+    from infercept.cli import DEFAULT_CONFIG
     from engine_adapter.config import load_engine_config
 
     cfg = load_gateway_config(str(DEFAULT_CONFIG))

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-OUT = Path(__file__).resolve().parents[2] / "test-output"
+OUT = Path(__file__).resolve().parents[3] / "test-output"
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None, reason="Chromium is not installed (scripts/test.sh installs Debian's chromium when it can)"

@@ -7,7 +7,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 async def run(script: str, *args: str) -> str:

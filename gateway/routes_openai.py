@@ -21,11 +21,13 @@ from typing import Any
 
 from aiohttp import web
 
-from augmentations.factory import tool_key
-from gateway.agent import AgentSession, json_args_to_text
-from gateway.app import GATEWAY_KEY, Gateway, parse_tool_choice, summarize_intercept
-from gateway.http import SSE, ApiError, error_response, field, int_field, read_json
+from gateway.agent import AgentSession, intercept_json
+from gateway.app import gw_of
+from gateway.http import SSE, ApiError, error_response, error_status, field, int_field, number_field, read_json
 from gateway.prompts import PromptBuilder, ToolSpec
+from gateway.routes_sessions import parse_tool_choice
+from gateway.state import Gateway
+from gateway.toolcalls import json_args_to_text
 
 routes = web.RouteTableDef()
 
@@ -39,7 +41,7 @@ def served_names(gw: Gateway) -> list[str]:
 
 @routes.get("/v1/models")
 async def list_models(request: web.Request) -> web.Response:
-    gw: Gateway = request.app[GATEWAY_KEY]
+    gw = gw_of(request)
     return web.json_response({"object": "list", "data": [
         {"id": served_names(gw)[0], "object": "model", "created": int(time.time()), "owned_by": "infercept",
          "max_model_len": gw.engine_config.max_model_len}]})
@@ -54,8 +56,7 @@ def split_tools(gw: Gateway, tools: Sequence[Any]) -> tuple[list[str], dict[str,
         if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             raise ApiError(400, "invalid_request", "each tool is {\"type\": \"function\", \"function\": {\"name\": ..., ...}}")
         name = fn["name"]
-        key = tool_key(name)
-        match = next((n for n in gw.registry.names() if key is not None and tool_key(n) == key), None)
+        match = gw.registry.resolve(name)
         if match is not None:
             if match not in server:
                 server.append(match)
@@ -120,8 +121,8 @@ def client_arguments(spec: Mapping[str, Any], text: str) -> str:
 
 @routes.post("/v1/chat/completions")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
-    gw: Gateway = request.app[GATEWAY_KEY]
-    gw.require_ready()
+    gw = gw_of(request)
+    ctx = gw.require_ready()
     body = await read_json(request)
     model = field(body, "model", str)
     if model is not None and model not in served_names(gw):
@@ -131,9 +132,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "invalid_request", "only n=1 is supported")
     limit = gw.engine_config.max_model_len
     max_tokens = int_field(body, "max_completion_tokens", 1, limit) or int_field(body, "max_tokens", 1, limit) or gw.config.server.max_tokens
-    temperature = field(body, "temperature", (int, float), default=0.0)
-    if not 0 <= temperature <= 2:
-        raise ApiError(400, "invalid_request", "'temperature' must be between 0 and 2")
+    temperature = number_field(body, "temperature", 0, 2, default=0.0)
     stream = field(body, "stream", bool, default=False)
     server_tools, client_tools = split_tools(gw, field(body, "tools", list, default=[]))
     tool_choice = parse_tool_choice(body)
@@ -141,10 +140,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         server_tools, client_tools = [], {}
         tool_choice = "auto"
     s = gw.open_session(system=None, tools=server_tools, client_tools=client_tools, max_tokens=max_tokens,
-                        temperature=float(temperature), seed=field(body, "seed", int), ephemeral=True)
+                        temperature=temperature, seed=field(body, "seed", int), ephemeral=True)
     try:
-        assert gw.prompts is not None
-        text = render_messages(gw.prompts, s._tool_specs(), messages)
+        text = render_messages(ctx.prompts, s.tool_specs(), messages)
         s.start(gw.engine.encode(text), tool_choice)
         return await (_stream(request, gw, s) if stream else _complete(gw, s))
     finally:
@@ -182,14 +180,13 @@ async def _complete(gw: Gateway, s: AgentSession) -> web.Response:
         elif name == "tool_result":
             parts.append(PromptBuilder.observation(data["content"]))
         elif name == "error":
-            status = 413 if data.get("type") == "context_too_long" else 500
-            return error_response(status, data.get("type", "error"), data.get("message", ""))
+            return error_response(error_status(data), data.get("type", "error"), data.get("message", ""))
         elif name == "done":
             last = data
     text = "".join(parts)
     message, reason, _ = _finish(gw, s, text, last)
     usage = last.get("usage") or {"prompt_tokens": s.usage["prompt_tokens"], "completion_tokens": s.usage["completion_tokens"]}
-    intercepts = [summarize_intercept(r) for r in await gw.engine.intercepts(s.id)]
+    intercepts = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
     gw.metrics.messages.labels("chat_completions", "ok").inc()
     return web.json_response({
         **_base(s, gw, "chat.completion"),

@@ -29,11 +29,11 @@ async def test_calculator_question_streams_call_intercept_result_resume_done(def
 
 
 async def test_official_openai_client_with_a_server_tool(default_url: str) -> None:
-    oai = AsyncOpenAI(base_url=default_url + "/v1", api_key="unused", max_retries=0)
-    r = await oai.chat.completions.create(
-        model="default", messages=[{"role": "user", "content": "What is 29 times 13?"}], max_tokens=64,
-        tools=[{"type": "function", "function": {"name": "calculator", "description": "arithmetic"}}],
-    )
+    async with AsyncOpenAI(base_url=default_url + "/v1", api_key="unused", max_retries=0) as oai:
+        r = await oai.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": "What is 29 times 13?"}], max_tokens=64,
+            tools=[{"type": "function", "function": {"name": "calculator", "description": "arithmetic"}}],
+        )
     msg = r.choices[0].message
     assert r.choices[0].finish_reason == "stop"
     assert "Action: Calculator[29*13]\nObservation: 377\n" in (msg.content or "")

@@ -1,0 +1,5 @@
+import sys
+
+from infercept.cli import main
+
+sys.exit(main())
