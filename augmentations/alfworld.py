@@ -1,14 +1,16 @@
 """`alfworld` (type ve): ALFWorld's household tasks, one game per agent session.
 
-Each call is one command played in ALFWorld's TextWorld-PDDL environment, built as `AlfredTWEnv`
-builds it (`textworld.gym` over the game's `game.tw-pddl`, with ALFWorld's `AlfredDemangler` and
-`AlfredInfos` wrappers); the model reads ALFWorld's own text: "You are in the middle of a room. Looking
-quickly around you, you see ...", "Nothing happens." for a command the game does not accept, and, when
-the task is done, "You won!" (what `alfworld-play-tw` prints).
+Each call is one command played in ALFWorld's TextWorld-PDDL environment (TextWorld's `PddlEnv` on the
+game's `game.tw-pddl` under ALFWorld's `AlfredDemangler` and `AlfredInfos` wrappers, the stack
+`AlfredTWEnv` and `alfworld-generate` use); the model reads ALFWorld's own text: "You are in the middle
+of a room. Looking quickly around you, you see ...", "Nothing happens." for a command the game does not
+accept, and, when the task is done, "You won!" (what `alfworld-play-tw` prints).
 
 The games come from, in order:
-* `data` (or the `ALFWORLD_DATA` environment variable): ALFWorld's official games as `alfworld-download`
-  lays them out; `AlfredTWEnv.collect_game_files` picks the solvable ones of the `split` and task types.
+* `data`, else `$ALFWORLD_DATA` (ALFWorld's own default: ~/.cache/alfworld) when it holds `json_2.1.1`:
+  ALFWorld's official games as `alfworld-download` lays them out; `AlfredTWEnv.collect_game_files` picks
+  the solvable ones of the `split` and task types. (Importing `alfworld` sets ALFWORLD_DATA to its
+  default and creates that folder, so the variable alone does not mean games were downloaded.)
 * otherwise a pool of tasks of the six types generated offline from the room layouts the `alfworld`
   wheel ships (augmentations/alfworld_tasks.py), in the same format, cached under
   `$INFERCEPT_HOME/alfworld`, each task built the first time a session needs it.
@@ -30,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from augmentations.alfworld_pool import ensure_task
+from augmentations.alfworld_pool import alfworld_env, close_env, ensure_task
 from augmentations.alfworld_tasks import TASK_TYPES
 from augmentations.base import CallContext, ToolError, ToolResult
 
@@ -39,6 +41,16 @@ _QUIET = {"look", "inventory", "help"}
 
 def pool_home() -> Path:
     return Path(os.environ.get("INFERCEPT_HOME", Path.home() / ".cache" / "infercept")) / "alfworld"
+
+
+def official_data(setting: Path | None) -> Path | None:
+    """The ALFWorld data folder to play, or None for the generated pool."""
+    if setting is not None:
+        if not (setting / "json_2.1.1").is_dir():
+            raise ToolError(f"ALFWorld data folder not found: no json_2.1.1 in {setting}")
+        return setting
+    path = Path(os.environ.get("ALFWORLD_DATA") or Path.home() / ".cache" / "alfworld").expanduser()
+    return path if (path / "json_2.1.1").is_dir() else None
 
 
 def official_games(data: Path, split: str, task_types: Sequence[str]) -> list[str]:
@@ -62,7 +74,9 @@ def official_games(data: Path, split: str, task_types: Sequence[str]) -> list[st
 @dataclass
 class _Play:
     game: str
-    env: Any = None
+    env: Any = None  # loaded once per session; a restart resets it
+    playing: bool = False  # False before the first call and after the game ended
+    moves: int = 0
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
 
@@ -79,7 +93,6 @@ class ALFWorld:
             raise ValueError(f"alfworld task_types must be among {', '.join(TASK_TYPES)}; got {list(task_types)}")
         if tasks_per_type < 1 or max_moves < 1:
             raise ValueError("alfworld tasks_per_type and max_moves must be positive")
-        data = data or os.environ.get("ALFWORLD_DATA") or None
         self.data = Path(data).expanduser() if data else None
         self.split, self.task_types = split, tuple(task_types)
         self.tasks_per_type, self.seed, self.max_moves = tasks_per_type, seed, max_moves
@@ -96,14 +109,15 @@ class ALFWorld:
     async def game_for(self, session_id: str) -> str:
         """The game file a session plays (built first if it comes from the generated pool)."""
         h = int(hashlib.sha1(session_id.encode()).hexdigest(), 16)
-        if self.data is not None:
-            async with self._lock("official"):
-                if self._official is None:
-                    if not self.data.is_dir():
-                        raise ToolError(f"ALFWorld data folder not found: {self.data}")
-                    self._official = await asyncio.to_thread(official_games, self.data, self.split, self.task_types)
-                if not self._official:
-                    raise ToolError(f"no solvable ALFWorld games of the chosen types in {self.data} ({self.split})")
+        async with self._lock("official"):
+            if self._official is None:
+                data = official_data(self.data)
+                self._official = [] if data is None else await asyncio.to_thread(
+                    official_games, data, self.split, self.task_types)
+                if data is not None and not self._official:
+                    self._official = None
+                    raise ToolError(f"no solvable ALFWorld games of the chosen types in {data} ({self.split})")
+        if self._official:
             return self._official[h % len(self._official)]
         n = len(self.task_types)
         slot = h % (n * self.tasks_per_type)
@@ -114,30 +128,31 @@ class ALFWorld:
     async def _play(self, session_id: str) -> _Play:
         play = self._plays.get(session_id)
         if play is None:
-            play = self._plays[session_id] = _Play(await self.game_for(session_id))
+            game = await self.game_for(session_id)
+            play = self._plays.setdefault(session_id, _Play(game))  # a concurrent first call may have won
         return play
 
-    def _start(self, game: str) -> tuple[Any, str, dict[str, Any]]:
-        import textworld
-        import textworld.gym
-        from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredInfos
+    @staticmethod
+    def _start(play: _Play) -> Any:
+        if play.env is None:
+            env = alfworld_env()
+            try:
+                env.load(play.game)
+            except Exception:
+                close_env(env)
+                raise
+            play.env = env
+        play.playing, play.moves = True, 0
+        return play.env.reset()
 
-        infos = textworld.EnvInfos(won=True, admissible_commands=True, extras=["gamefile"])
-        env_id = textworld.gym.register_game(
-            game, infos, max_episode_steps=self.max_moves, wrappers=[AlfredDemangler(shuffle=False), AlfredInfos],
-            name="infercept-" + hashlib.sha1(game.encode()).hexdigest()[:12])
-        env = textworld.gym.make(env_id)
-        obs, info = env.reset()
-        return env, obs, info
-
-    def _format(self, obs: str, info: dict[str, Any], done: bool) -> str:
-        text = " ".join(obs.split())
-        if info.get("won"):
+    def _format(self, state: Any, done: bool) -> str:
+        text = " ".join((state.feedback or "").split())
+        if state["won"]:
             return text + " You won!"
         if done:
             return text + f" You lost: the {self.max_moves} moves are used up."
         if self.show_commands:
-            cmds = [c for c in info.get("admissible_commands") or []
+            cmds = [c for c in state["admissible_commands"] or []
                     if c not in _QUIET and not c.startswith(("go to ", "examine "))]
             if cmds:
                 text += " Commands (besides go to, look, inventory, examine): " + ", ".join(cmds) + "."
@@ -147,12 +162,8 @@ class ALFWorld:
         command = " ".join(args.strip().strip("'\"").split()).lower()
         play = await self._play(ctx.session_id or "default")
         async with play.lock:
-            if play.env is None or command == "restart":
-                if play.env is not None:
-                    await asyncio.to_thread(play.env.close)
-                    play.env = None
-                play.env, obs, info = await asyncio.to_thread(self._start, play.game)
-                intro = self._format(obs, info, done=False)
+            if not play.playing or command == "restart":
+                intro = self._format(await asyncio.to_thread(self._start, play), done=False)
                 if command in ("", "start", "restart"):
                     return ToolResult(intro)
                 # The first call is already an action: show the intro, then play it.
@@ -160,17 +171,19 @@ class ALFWorld:
             return ToolResult(await self._step(play, "look" if command in ("", "start") else command))
 
     async def _step(self, play: _Play, command: str) -> str:
-        obs, _score, done, info = await asyncio.to_thread(play.env.step, command)
-        text = self._format(obs, info, done)
+        state, _score, ended = await asyncio.to_thread(play.env.step, command)
+        play.moves += 1
+        done = ended or play.moves >= self.max_moves
         if done:
-            await asyncio.to_thread(play.env.close)
-            play.env = None
-        return text
+            play.playing = False  # the next call starts the game again
+        return self._format(state, done)
 
     async def end_session(self, session_id: str) -> None:
         play = self._plays.pop(session_id, None)
         if play is not None and play.env is not None:
-            await asyncio.to_thread(play.env.close)
+            async with play.lock:
+                await asyncio.to_thread(close_env, play.env)
+                play.env = None
 
     async def close(self) -> None:
         for sid in list(self._plays):

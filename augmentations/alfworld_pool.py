@@ -19,6 +19,8 @@ import json
 import os
 import random
 import shutil
+import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +31,9 @@ SPLIT_DIR = Path("json_2.1.1") / "train"
 GENERATOR_VERSION = 2  # bump when generated tasks change, so cached pools are rebuilt
 
 
-def _env(expert: bool = False) -> Any:
-    """ALFWorld's TextWorld-PDDL stack as alfworld-generate builds it (names demangled: "cabinet 3")."""
+def alfworld_env(expert: bool = False) -> Any:
+    """ALFWorld's TextWorld-PDDL environment as alfworld-generate builds it: TextWorld's PddlEnv under
+    ALFWorld's AlfredDemangler ("cabinet 3") and AlfredInfos wrappers (+ AlfredExpert for the expert)."""
     import textworld
     from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredExpertType, AlfredInfos
     from textworld.envs import PddlEnv
@@ -40,10 +43,19 @@ def _env(expert: bool = False) -> Any:
     return AlfredExpert(env, expert_type=AlfredExpertType.HANDCODED) if expert else env
 
 
+def close_env(env: Any) -> None:
+    """Close the environment and unload its Fast Downward library: every PddlEnv loads its own copy of
+    libdownward.so (33 MB) and TextWorld never unloads it, which leaked ~3-9 MB per game started."""
+    from fast_downward import close_lib
+
+    env.close()
+    close_lib(env.unwrapped.downward_lib)
+
+
 def expert_walkthrough(game_file: Path, max_steps: int = 150) -> list[str] | None:
     """Play the game with ALFWorld's hand-coded expert (alfworld-generate's default check); its commands
     when it wins, else None. It explores like a player, so in a 50-receptacle kitchen it is slow."""
-    env = _env(expert=True)
+    env = alfworld_env(expert=True)
     try:
         env.load(str(game_file))
         state = env.reset()
@@ -57,7 +69,7 @@ def expert_walkthrough(game_file: Path, max_steps: int = 150) -> list[str] | Non
     except Exception:  # the expert raises on tasks it cannot finish (alfworld-generate counts them unsolvable)
         return None
     finally:
-        env.close()
+        close_env(env)
 
 
 def planned_walkthrough(game_file: Path, task_type: str, params: dict[str, Any], scene: Scene,
@@ -67,7 +79,7 @@ def planned_walkthrough(game_file: Path, task_type: str, params: dict[str, Any],
     engine; the commands when they win, else None."""
     from alfworld.gen import constants as C
 
-    env = _env()
+    env = alfworld_env()
     try:
         env.load(str(game_file))
         state = env.reset()
@@ -117,7 +129,7 @@ def planned_walkthrough(game_file: Path, task_type: str, params: dict[str, Any],
             state, _, done = env.step(command)
         return plan if state["won"] else None
     finally:
-        env.close()
+        close_env(env)
 
 
 def write_task(root: Path, index: int, task_type: str, seed: int, expert: bool = False) -> Path | None:
@@ -134,9 +146,8 @@ def write_task(root: Path, index: int, task_type: str, seed: int, expert: bool =
     folder = root / SPLIT_DIR / f"{task_type}-{params['object_target']}-None-{target}-{scene.num}" / task_id
     if (folder / "game.tw-pddl").is_file():
         return folder
-    tmp = folder.with_name(f".{task_id}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{task_id}.", dir=folder.parent))
     try:
         pddl = problem_pddl(task_id, scene, task_type, params, placed, rng)
         (tmp / "initial_state.pddl").write_text(pddl)
@@ -195,7 +206,9 @@ def ensure_task(root: Path, task_type: str, slot: int, seed: int = 0, max_tries:
         folder = write_task(root, slot + 1000 * attempt, task_type, seed)
         if folder is not None:
             index_file.parent.mkdir(parents=True, exist_ok=True)
-            index_file.write_text(json.dumps({"task": str(folder.relative_to(root))}))
+            part = index_file.with_name(f".{index_file.name}.{os.getpid()}.{threading.get_ident()}")
+            part.write_text(json.dumps({"task": str(folder.relative_to(root))}))
+            os.replace(part, index_file)  # readers see the whole file or none
             return folder / "game.tw-pddl"
     raise RuntimeError(f"no solvable {task_type} task for slot {slot} of seed {seed} after {max_tries} tries")
 

@@ -30,10 +30,16 @@ def pool(home: Path) -> dict[str, Path]:
     return {json.loads((g.parent / "traj_data.json").read_text())["task_type"]: g for g in games}
 
 
+@pytest.fixture(autouse=True)
+def no_official_games(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Importing alfworld sets ALFWORLD_DATA to ~/.cache/alfworld; official games there would be played
+    # instead of the pool, so point it at an empty folder.
+    monkeypatch.setenv("ALFWORLD_DATA", str(tmp_path / "no-alfworld-data"))
+
+
 @pytest.fixture
 def tool(home: Path, pool: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> ALFWorld:
     monkeypatch.setenv("INFERCEPT_HOME", str(home))
-    monkeypatch.delenv("ALFWORLD_DATA", raising=False)
     return ALFWorld(tasks_per_type=1)
 
 
@@ -78,7 +84,7 @@ async def test_an_expert_wins_every_task_type_through_the_tool(tool: ALFWorld, p
             assert not r.content.startswith("Nothing happens") and "You won!" not in r.content, (command, r.content)
         last = await tool.run(walkthrough[-1], ctx)
         assert last.content.endswith("You won!"), (task_type, last.content)
-        assert tool._plays[ctx.session_id].env is None  # a finished game starts again on the next call
+        assert not tool._plays[ctx.session_id].playing  # a finished game starts again on the next call
         if task_type == "look_at_obj_in_light":  # (a small room: starting it again is cheap)
             assert (await tool.run("look", ctx)).content.startswith(INTRO)
     await tool.close()
@@ -99,6 +105,18 @@ async def test_wrong_commands_and_restart(tool: ALFWorld, pool: dict[str, Path])
     assert (await tool.run("inventory", ctx)).content.startswith("You are carrying: a ")
     assert (await tool.run("restart", ctx)).content.startswith(INTRO)
     assert (await tool.run("inventory", ctx)).content == "You are not carrying anything."
+    await tool.close()
+
+
+async def test_the_move_limit_ends_a_game(home: Path, pool: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("INFERCEPT_HOME", str(home))
+    tool = ALFWorld(tasks_per_type=1, max_moves=2)
+    ctx = CallContext(session_id=await session_for(tool, pool["pick_and_place_simple"]))
+    await tool.run("start", ctx)
+    assert (await tool.run("look", ctx)).content.startswith("You are in the middle of a room.")
+    assert (await tool.run("inventory", ctx)).content == (
+        "You are not carrying anything. You lost: the 2 moves are used up.")
+    assert (await tool.run("inventory", ctx)).content.startswith(INTRO)  # a new game, then the move
     await tool.close()
 
 
@@ -147,8 +165,10 @@ async def test_official_layout_through_alfworlds_loader(tmp_path: Path, pool: di
     await tool.close()
     only_light = ALFWorld(data=str(data), split="eval_out_of_distribution", task_types=["look_at_obj_in_light"])
     assert "look_at_obj_in_light-" in await only_light.game_for("x")
-    with pytest.raises(ToolError, match="not found"):
+    with pytest.raises(ToolError, match="not found: no json_2.1.1 in"):
         await ALFWorld(data=str(tmp_path / "nope")).game_for("x")
+    with pytest.raises(ToolError, match="no solvable ALFWorld games"):
+        await ALFWorld(data=str(data), split="train").game_for("x")  # no train split there
 
 
 def test_alfworlds_handcoded_expert_solves_a_generated_task(tmp_path: Path, pool: dict[str, Path]) -> None:
