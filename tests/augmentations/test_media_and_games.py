@@ -1,5 +1,6 @@
-"""The offline augmentations, run for real: TextWorld games, the Stable Diffusion pipeline, Piper
-speech, and the human channel. Each one's error path becomes an observation (ToolError), never a crash."""
+"""The offline augmentations, run for real: the Stable Diffusion pipeline, Piper speech, and the human
+channel (ALFWorld: test_alfworld.py; Bark: test_bark.py). Each one's error path becomes an observation
+(ToolError), never a crash."""
 
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from augmentations.alfworld import TextGame
 from augmentations.base import CallContext, ToolError
 from augmentations.human import AskHuman
 from augmentations.image import ImageGen
@@ -20,54 +20,8 @@ from augmentations.tts import Speech, wav_seconds
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    # Generated games and the tiny SD pipeline go to a per-run home (they are built, not downloaded).
+    # The tiny SD pipeline goes to a per-run home (it is built, not downloaded).
     return tmp_path_factory.mktemp("infercept-home")
-
-
-async def test_text_game_plays_real_actions(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("INFERCEPT_HOME", str(home))
-    game = TextGame(generated=2)
-    ctx = CallContext(session_id="s1")
-    intro = await game.run("", ctx)
-    assert "-= " in intro.content  # a room heading, from the game engine
-    assert "TextWorld" in intro.content or "win" in intro.content.lower()
-    inv = await game.run("inventory", ctx)
-    assert inv.content.startswith("You are carrying")
-    # The engine rejects nonsense in its own words; the session goes on.
-    nonsense = await game.run("fly to the moon", ctx)
-    assert nonsense.content and not nonsense.error
-    # Another session plays its own game state.
-    other = await game.run("look", CallContext(session_id="s2"))
-    assert other.content
-    assert len(list((home / "games").glob("*.z8"))) == 2
-    await game.close()
-
-
-async def test_text_game_can_be_won(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Walk the quest's own winning policy (from the game's metadata) through the real engine."""
-    import textworld
-
-    monkeypatch.setenv("INFERCEPT_HOME", str(home))
-    game = TextGame(generated=2)
-    ctx = CallContext(session_id="winner")
-    await game.run("start", ctx)
-    play = game._plays["winner"]
-    walkthrough = textworld.Game.load(str(play.game.with_suffix(".json"))).metadata.get("walkthrough") or \
-        textworld.Game.load(str(play.game.with_suffix(".json"))).main_quest.commands
-    last = None
-    for cmd in walkthrough:
-        last = await game.run(cmd, ctx)
-    assert last is not None and "You won the game" in last.content
-    assert play.env is None  # a finished game restarts on the next call
-    again = await game.run("look", ctx)
-    assert again.content
-    await game.close()
-
-
-async def test_text_game_missing_files_is_a_tool_error(tmp_path: Path) -> None:
-    game = TextGame(games=[str(tmp_path / "nope.z8")])
-    with pytest.raises(ToolError, match="not found"):
-        await game.run("look", CallContext(session_id="x"))
 
 
 async def test_image_generates_a_png_from_the_local_pipeline(home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
