@@ -189,5 +189,3 @@ class ALFWorld:
         for sid in list(self._plays):
             await self.end_session(sid)
 
-
-TextGame = ALFWorld  # the factory's name for this executor

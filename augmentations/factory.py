@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from augmentations.alfworld import TextGame
+from augmentations.alfworld import ALFWorld
 from augmentations.base import Augmentation
 from augmentations.calculator import Calculator
 from augmentations.human import AskHuman
@@ -33,7 +33,7 @@ from augmentations.wikipedia import Wikipedia
 EXECUTORS: dict[str, Callable[..., Augmentation]] = {
     "calculator": Calculator,
     "wikipedia": Wikipedia,
-    "alfworld": TextGame,
+    "alfworld": ALFWorld,
     "image": ImageGen,
     "tts": Speech,
     "human": AskHuman,
