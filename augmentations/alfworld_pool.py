@@ -24,8 +24,18 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from augmentations.alfworld_tasks import (TASK_TYPES, Receptacle, Scene, choose_task, fix_name, needs_tool,
-                                          package_dir, place_objects, problem_pddl, task_sentence)
+from augmentations.alfworld_tasks import (
+    TASK_TYPES,
+    Receptacle,
+    Scene,
+    choose_task,
+    fix_name,
+    needs_tool,
+    package_dir,
+    place_objects,
+    problem_pddl,
+    task_sentence,
+)
 
 SPLIT_DIR = Path("json_2.1.1") / "train"
 GENERATOR_VERSION = 2  # bump when generated tasks change, so cached pools are rebuilt
@@ -35,7 +45,12 @@ def alfworld_env(expert: bool = False) -> Any:
     """ALFWorld's TextWorld-PDDL environment as alfworld-generate builds it: TextWorld's PddlEnv under
     ALFWorld's AlfredDemangler ("cabinet 3") and AlfredInfos wrappers (+ AlfredExpert for the expert)."""
     import textworld
-    from alfworld.agents.environment.alfred_tw_env import AlfredDemangler, AlfredExpert, AlfredExpertType, AlfredInfos
+    from alfworld.agents.environment.alfred_tw_env import (
+        AlfredDemangler,
+        AlfredExpert,
+        AlfredExpertType,
+        AlfredInfos,
+    )
     from textworld.envs import PddlEnv
 
     infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])

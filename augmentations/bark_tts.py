@@ -44,7 +44,12 @@ def build_tiny_bark(out: Path, seed: int = 0) -> Path:
         return out
     import numpy as np
     import torch
-    from bark.generation import CODEBOOK_SIZE, N_FINE_CODEBOOKS, SEMANTIC_VOCAB_SIZE, TEXT_ENCODING_OFFSET
+    from bark.generation import (
+        CODEBOOK_SIZE,
+        N_FINE_CODEBOOKS,
+        SEMANTIC_VOCAB_SIZE,
+        TEXT_ENCODING_OFFSET,
+    )
     from bark.model import GPT, GPTConfig
     from bark.model_fine import FineGPT, FineGPTConfig
     from encodec import EncodecModel

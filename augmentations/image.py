@@ -31,7 +31,12 @@ def build_tiny_pipeline(out: Path, seed: int = 0) -> Path:
     if (out / "model_index.json").is_file():
         return out
     import torch
-    from diffusers import AutoencoderKL, DDIMScheduler, StableDiffusionPipeline, UNet2DConditionModel
+    from diffusers import (
+        AutoencoderKL,
+        DDIMScheduler,
+        StableDiffusionPipeline,
+        UNet2DConditionModel,
+    )
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
     from transformers.convert_slow_tokenizer import bytes_to_unicode
 

@@ -38,7 +38,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workload import PRIORS, WORKLOADS, Request, ShareGPT, generate, load_table1, random_tokens
+from benchmarks.workload import (
+    PRIORS,
+    WORKLOADS,
+    Request,
+    ShareGPT,
+    generate,
+    load_table1,
+    random_tokens,
+)
 from engine_adapter.policy.table import DEFAULT_TTL_S
 
 REPO = Path(__file__).resolve().parent.parent
@@ -127,9 +135,8 @@ class Outcome:
 
 async def replay(engine: Any, req: Request, v: Variant, s: Setting, t0: float, out: Outcome) -> None:
     """One request: turns end at the workload's decode lengths and pause as intercepts of its type."""
-    from engine_adapter.engine import TokenDelta, TurnEnd
-    from engine_adapter.hints import ToolHint
-    from engine_adapter.hints import TURN_END_KEY
+    from engine_adapter.events import TokenDelta, TurnEnd
+    from engine_adapter.hints import TURN_END_KEY, ToolHint
 
     table_mean = TABLE1[req.aug_type].duration_s[0]
     await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))

@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TurnEnd, engine_args
+from engine_adapter.engine import InterceptEngine, engine_args
+from engine_adapter.events import TurnEnd
 
 WORDS = (
     "agent tool call memory cache token batch request schedule latency model answer question search "

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import TurnEnd
 from engine_adapter.policy.profile import Profile, kv_bytes_per_token, saturation_point
 
 DEFAULT_GRID = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)

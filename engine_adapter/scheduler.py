@@ -34,7 +34,7 @@ from engine_adapter.config import CoreConfig
 from engine_adapter.hints import TURN_END_KEY, parse_hints
 from engine_adapter.intercept.build import build_core
 from engine_adapter.intercept.records import RECORDS_KEY
-from engine_adapter.intercept.reports import to_dict
+from engine_adapter.intercept.reports import check_integrity, engine_stats, to_dict
 from engine_adapter.intercept.state import PauseInfo, ResumeKind
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes
 from engine_adapter.triggers import TriggerMatcher, find_call
@@ -162,7 +162,7 @@ class InterceptScheduler(Scheduler):
         # A paused request whose KV (and running slot) went (discarded, swapped) still sits in the
         # KV-holding queue, where vLLM counts it as work unless it holds a slot: without this, the
         # engine core would spin through empty steps for as long as such a request stays paused.
-        return max(0, super().get_num_unfinished_requests() - self.ic.paused_off_device())
+        return max(0, super().get_num_unfinished_requests() - len(self.ic.paused_ids(on_device=False)))
 
     # ------------------------------------------------------------------ per iteration
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
@@ -192,15 +192,15 @@ class InterceptScheduler(Scheduler):
 
     # ------------------------------------------------------------------ reports (utility calls)
     def infercept_stats(self) -> dict[str, Any]:
-        counts = self.ic_port.block_counts(self.ic.on_device_paused())
+        counts = self.ic_port.block_counts(self.ic.paused_ids(on_device=True))
         waiting = len(self.waiting) + len(self.kv_holding_waiting)
-        return to_dict(self.ic.stats(counts, running=len(self.running), waiting=waiting, now=time.monotonic()))
+        return to_dict(engine_stats(self.ic, counts, running=len(self.running), waiting=waiting, now=time.monotonic()))
 
     def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.ic.records(session_id)]
 
     def infercept_check_integrity(self) -> dict[str, int]:
-        return to_dict(self.ic.check(self.ic_port.block_counts(self.ic.on_device_paused())))
+        return to_dict(check_integrity(self.ic, self.ic_port.block_counts(self.ic.paused_ids(on_device=True))))
 
     def infercept_tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
         return self.ic.tag(session_id, aug_type, expected_duration_s)

@@ -26,10 +26,26 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from augmentations.base import CallContext, ToolError, ToolResult
-from augmentations.registry import Registry, UnknownTool, find_tool
-from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, Resumed, Session, TokenDelta, TurnEnd
+from augmentations.registry import Registry
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import (
+    ContextTooLong,
+    EngineError,
+    Resumed,
+    TokenDelta,
+    TurnEnd,
+)
 from engine_adapter.intercept.records import InterceptRecord
+from engine_adapter.session import Session
 from gateway.artifacts import ArtifactStore
+from gateway.calls import (
+    HUMAN_TOOL,
+    CallRecord,
+    intercept_event,
+    resolve_call,
+    resume_event,
+    run_server_tool,
+)
 from gateway.config import ServerConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
@@ -40,7 +56,6 @@ log = logging.getLogger("infercept.gateway")
 State = Literal["idle", "generating", "in_tool", "awaiting_user", "closed"]
 Event = tuple[str, dict[str, Any]]
 TERMINAL = ("done", "error")
-HUMAN_TOOL = "AskHuman"
 ANSWER = re.compile(r"Answer:\s*(.*)", re.DOTALL)
 
 
@@ -64,41 +79,6 @@ class AgentContext:
     artifacts: ArtifactStore
     calls: CallParser
     timeouts: Mapping[str, float | None] = field(default_factory=dict)  # per executor name
-
-
-def intercept_json(rec: InterceptRecord) -> dict[str, Any]:
-    """An intercept as the API shows it (session info, `intercept`/`resume` events, OpenAI extras)."""
-    restored = rec.restored_by.value if rec.restored_by is not None else None
-    return {
-        "intercept_id": rec.intercept_id, "type": rec.aug_type, "tool": rec.tool, "trigger": rec.trigger,
-        "policy": rec.action, "engine_policy": rec.policy, "kv_fate": rec.kv_fate.value,
-        "context_tokens": rec.context_tokens, "expected_duration_s": rec.expected_duration_s,
-        "duration_s": rec.call_duration_s, "restored_by": restored,
-        "tokens_preserved": rec.tokens_kept if restored in ("preserve", None) else 0,
-        "tokens_swapped": rec.tokens_swapped_in, "tokens_recomputed": rec.tokens_recomputed,
-        "tokens_prefix_hit": rec.tokens_prefix_hit,
-    }
-
-
-@dataclass
-class CallRecord:
-    call_id: str
-    tool: str
-    arguments: str
-    kind: Literal["server", "human", "client", "unknown"]
-    aug_type: str | None = None
-    policy: str | None = None
-    context_tokens: int | None = None
-    started_s: float = field(default_factory=time.time)
-    duration_s: float | None = None
-    result: str | None = None
-    error: bool = False
-    artifacts: list[str] = field(default_factory=list)
-    restored_by: str | None = None
-    intercept_id: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(self.__dict__)
 
 
 @dataclass
@@ -274,16 +254,10 @@ class AgentSession:
         self._queue.put_nowait((name, data))
 
     def _message_tokens(self, content: str) -> list[int]:
-        pb, engine = self.ctx.prompts, self.ctx.engine
-        if self._last_end is None and not self.es.history:
-            return engine.encode(pb.opening(self.system, self.tool_specs(), [], content))
-        delta = pb.user_delta(content)
-        eos = pb.eos_text()
-        # A turn that ended on EOS left that token pending in the session (the engine re-sends it);
-        # the template's copy of it must not be added twice.
-        if self._last_end is not None and self._last_end.reason == "stop" and eos and delta.startswith(eos):
-            delta = delta[len(eos):]
-        return engine.encode(delta)
+        first = self._last_end is None and not self.es.history
+        text = self.ctx.prompts.message(content, first=first, system=self.system, tools=self.tool_specs(),
+                                        after_eos=self._last_end is not None and self._last_end.reason == "stop")
+        return self.ctx.engine.encode(text)
 
     # ------------------------------------------------------------------ the loop
     async def _drive(self, tokens: list[int], regex: str | None = None) -> None:
@@ -368,43 +342,18 @@ class AgentSession:
                    state="awaiting_user")
 
     def _announce_resume(self, call: CallRecord | None, rec: InterceptRecord | None) -> None:
-        """How the paused context came back. Without a record the engine request was opened anew (after
-        an abort), which recomputes the whole context."""
-        restored = rec.restored_by.value if rec is not None and rec.restored_by is not None else "recompute"
-        if call is not None:
-            call.restored_by = restored
-        self._emit("resume", call_id=call.call_id if call else None, tool=call.tool if call else None,
-                   restored_by=restored, policy=rec.action if rec else None,
-                   kv_fate=rec.kv_fate.value if rec else None,
-                   tokens_recomputed=rec.tokens_recomputed if rec else None,
-                   tokens_swapped_in=rec.tokens_swapped_in if rec else None)
+        self._emit("resume", **resume_event(call, rec))
 
     def _start_call(self, end: TurnEnd) -> CallRecord:
         assert end.call is not None
         tool, args = self.ctx.calls.parse(end.call.trigger, end.call.tool, end.call.arguments or "")
-        kind: Literal["server", "human", "client", "unknown"]
-        client = find_tool(tool, self.client_tools)
-        server = find_tool(tool, self.tools)
-        if client is not None:
-            kind, tool = "client", client
-        elif server == HUMAN_TOOL:
-            kind, tool = "human", HUMAN_TOOL
-        elif server is not None:
-            kind, tool = "server", server
-        else:
-            kind = "unknown"
+        kind, tool = resolve_call(tool, self.tools, self.client_tools)
         call = CallRecord(call_id="call_" + secrets.token_hex(8), tool=tool, arguments=args, kind=kind)
         self.calls.append(call)
         self.transcript.append({"role": "assistant", "content": end.text, "call_id": call.call_id})
         self._emit("tool_call", call_id=call.call_id, tool=tool, arguments=args, executor=kind)
-        rec = end.intercept
-        if rec is not None:
-            call.aug_type, call.policy = rec.aug_type, rec.action
-            call.context_tokens, call.intercept_id = rec.context_tokens, rec.intercept_id
+        self._emit("intercept", **intercept_event(call, end.intercept))
         self.ctx.metrics.intercept(call.aug_type or "unknown", call.policy or "unknown")
-        self._emit("intercept", call_id=call.call_id, tool=tool, type=call.aug_type, policy=call.policy,
-                   engine_policy=rec.policy if rec else None, context_tokens=call.context_tokens,
-                   expected_duration_s=rec.expected_duration_s if rec else None)
         return call
 
     async def _run_call(self, call: CallRecord) -> ToolResult:
@@ -414,19 +363,8 @@ class AgentSession:
         if call.kind in ("human", "client"):
             return await self._wait_for_outside(call)
         self.state = "in_tool"
-        ex = self.ctx.registry.get(call.tool)
-        timeout = self.ctx.timeouts.get(ex.name) or self.ctx.limits.tool_timeout_s
-        try:
-            return await asyncio.wait_for(ex.run(call.arguments, CallContext(session_id=self.id, timeout_s=timeout)), timeout)
-        except ToolError as e:
-            return ToolResult(f"Error: {e}", error=True)
-        except TimeoutError:
-            return ToolResult(f"Error: {call.tool} timed out after {timeout:g} s.", error=True)
-        except UnknownTool as e:
-            return ToolResult(f"Error: {e}", error=True)
-        except Exception as e:
-            log.exception("tool %s failed", call.tool)
-            return ToolResult(f"Error: {call.tool} failed ({type(e).__name__}: {e}).", error=True)
+        timeout = self.ctx.timeouts.get(call.tool) or self.ctx.limits.tool_timeout_s
+        return await run_server_tool(self.ctx.registry, call.tool, call.arguments, self.id, timeout)
 
     async def _wait_for_outside(self, call: CallRecord) -> ToolResult:
         """Pause for a human's answer or a client's tool result. The current response ends here; the
@@ -447,4 +385,4 @@ class AgentSession:
         return ToolResult(await fut)
 
 
-__all__ = ["AgentContext", "AgentError", "AgentSession", "CallRecord", "Event", "intercept_json"]
+__all__ = ["AgentContext", "AgentError", "AgentSession", "Event"]

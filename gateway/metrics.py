@@ -10,7 +10,13 @@ from __future__ import annotations
 from collections import Counter as TallyCounter
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from engine_adapter.intercept.reports import EngineStats
 

@@ -149,6 +149,19 @@ class PromptBuilder:
             raise ValueError("chat template does not extend conversations by appending")
         return after[cut:]
 
+    def message(self, content: str, *, first: bool, system: str | None, tools: Sequence[ToolSpec], after_eos: bool) -> str:
+        """The text a user message appends to a session: its whole opening (system, examples, the
+        question) for the first one, else the chat template's turn change and the message. After a turn
+        that ended on EOS that token is still pending in the session (the engine re-sends it), so the
+        template's copy of it is left out."""
+        if first:
+            return self.opening(system, tools, [], content)
+        delta = self.user_delta(content)
+        eos = self.eos_text()
+        if after_eos and eos and delta.startswith(eos):
+            delta = delta[len(eos):]
+        return delta
+
     def eos_text(self) -> str:
         eos = getattr(self.tok, "eos_token", None)
         return str(eos) if eos else ""

@@ -21,9 +21,19 @@ from typing import Any
 
 from aiohttp import web
 
-from gateway.agent import AgentSession, intercept_json
+from gateway.agent import AgentSession
 from gateway.app import gw_of
-from gateway.http import SSE, ApiError, error_response, error_status, field, int_field, number_field, read_json
+from gateway.calls import intercept_json
+from gateway.http import (
+    SSE,
+    ApiError,
+    error_response,
+    error_status,
+    field,
+    int_field,
+    number_field,
+    read_json,
+)
 from gateway.prompts import PromptBuilder, ToolSpec
 from gateway.routes_sessions import parse_tool_choice
 from gateway.state import Gateway

@@ -9,9 +9,19 @@ from typing import Any
 from aiohttp import web
 
 from augmentations.registry import find_tool
-from gateway.agent import AgentError, AgentSession, Event, intercept_json
+from gateway.agent import AgentError, AgentSession, Event
 from gateway.app import gw_of
-from gateway.http import ApiError, error_response, error_status, field, int_field, number_field, read_json, stream_events
+from gateway.calls import intercept_json
+from gateway.http import (
+    ApiError,
+    error_response,
+    error_status,
+    field,
+    int_field,
+    number_field,
+    read_json,
+    stream_events,
+)
 from gateway.state import Gateway
 from gateway.toolcalls import ToolChoice
 

@@ -14,7 +14,8 @@ from typing import Any
 from augmentations.factory import build_registry
 from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import TurnEnd
 from engine_adapter.hints import ToolHint
 from gateway.agent import AgentContext, AgentSession
 from gateway.artifacts import ArtifactStore

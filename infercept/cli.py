@@ -46,8 +46,8 @@ async def _serve(args: argparse.Namespace) -> int:
 
     from engine_adapter.config import load_engine_config
     from gateway.app import create_app
-    from gateway.state import Gateway
     from gateway.config import load_gateway_config
+    from gateway.state import Gateway
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("infercept").setLevel(logging.INFO)

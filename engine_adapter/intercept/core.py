@@ -14,11 +14,23 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from engine_adapter.intercept.meter import WasteMeter
-from engine_adapter.intercept.records import BlockCounts, Fate, InterceptRecord, Ledger
-from engine_adapter.intercept.reports import BlockReport, EngineStats, Integrity, ProfileReport, SwapReport
-from engine_adapter.intercept.state import Entry, KvPort, KvState, PauseInfo, Resume, ResumeKind, StepView
+from engine_adapter.intercept.records import Fate, InterceptRecord, Ledger
+from engine_adapter.intercept.state import (
+    Entry,
+    KvPort,
+    KvState,
+    PauseInfo,
+    Resume,
+    ResumeKind,
+    StepView,
+)
 from engine_adapter.intercept.swap import StepCopies, SwapPlanner
-from engine_adapter.policy.decide import DecisionInput, PausedView, demotion_order, ttl_expired
+from engine_adapter.policy.decide import (
+    DecisionInput,
+    PausedView,
+    demotion_order,
+    ttl_expired,
+)
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import Action, PolicySpec, pause_action
@@ -168,8 +180,7 @@ class InterceptCore:
                 self.free(self.entries[rid], Fate.DEMOTED, now)
 
     def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
-        """Refine the type / expected duration of a session's current pause (the caller may know
-        more than the tool table, e.g. an oracle duration)."""
+        """Refine a session's current pause (the caller may know more, e.g. an oracle duration)."""
         e = self.entries.get(self.request_of.get(session_id, ""))
         if e is None or not e.state.paused:
             return False
@@ -221,13 +232,7 @@ class InterceptCore:
         tokens = sum(scheduled.values())
         if tokens:
             self.profile.observe(tokens, seconds)
-        stall = 0.0
-        if self.swap is not None:
-            moved_out, moved_in = self.swap.last_moved_tokens()
-            copy_s = self.profile.t_swap_out_s(moved_out) + self.profile.t_swap_in_s(moved_in)
-            # CPU copies share the cores with the forward pass; on CUDA they run on a side stream and
-            # only what outlasts the iteration's compute stalls it.
-            stall = copy_s if self.profile.device == "cpu" else max(0.0, copy_s - (seconds - copy_s))
+        stall = self.swap.last_step_stall_s(seconds) if self.swap is not None else 0.0
         self.meter.iteration(seconds, scheduled, resident_tokens, stall)
 
     # ================================================================== the swap-in path (KV connector)
@@ -274,58 +279,12 @@ class InterceptCore:
         e = self.entries.get(request_id)
         return None if e is None or not e.state.paused else e.state.on_device
 
-    def paused_off_device(self) -> int:
-        """Paused requests whose device blocks and running slot were released (freed or swapped)."""
-        return sum(1 for e in self.entries.values() if e.state.paused and not e.state.on_device)
-
-    def on_device_paused(self) -> set[str]:
-        return {rid for rid, e in self.entries.items() if e.state.on_device}
-
-    def stats(self, counts: BlockCounts, *, running: int, waiting: int, now: float) -> EngineStats:
-        totals = self.ledger.totals_at(now)
-        paused = [e for e in self.entries.values() if e.state.paused]
-        swapped = sum(len(e.host.slots) for e in paused if e.host and e.state is KvState.SWAPPED)
-        prof = self.profile
-        return EngineStats(
-            policy=self.spec.name, block_size=self.block_size,
-            blocks=BlockReport(**counts.to_dict(), swapped_to_host=swapped), totals=totals,
-            paused=len(paused), paused_preserved=sum(e.state.on_device for e in paused), running=running,
-            waiting=waiting - len(paused), engine_time_s=now, steps=self.steps, waste=self.meter.report(totals.preserved_token_seconds),
-            profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
-                                  {str(k): v for k, v in prof.refinement().items()}),
-            swap=self._swap_report(),
-        )
-
-    def check(self, counts: BlockCounts) -> Integrity:
-        """Integrity: device blocks add up, and the host buffer holds exactly what the entries own."""
-        counts.check()
-        host_tokens = 0
-        if self.swap is not None:
-            owned = sum(len(e.host.slots) for e in self.entries.values() if e.host is not None)
-            used = self.swap.slots.num_slots - self.swap.slots.num_free
-            if used != owned:
-                raise AssertionError(f"swap integrity: {used} host slots in use, entries own {owned}")
-            host_tokens = sum(e.host.tokens for e in self.entries.values() if e.host is not None)
-        return Integrity(**counts.to_dict(), host_tokens=host_tokens)
+    def paused_ids(self, on_device: bool) -> set[str]:
+        """Paused requests that hold their device blocks and running slot, or that released them."""
+        return {rid for rid, e in self.entries.items() if e.state.paused and e.state.on_device == on_device}
 
     def records(self, session_id: str | None = None) -> list[InterceptRecord]:
         return [r for r in self.ledger.records if session_id is None or r.session_id == session_id]
-
-    def _swap_report(self) -> SwapReport | None:
-        sw = self.swap
-        if sw is None:
-            return None
-        recent = list(sw.history)[-256:]
-        return SwapReport(
-            tokens_out=sw.stats.tokens_out, tokens_in=sw.stats.tokens_in, blocks_out=sw.stats.blocks_out,
-            blocks_in=sw.stats.blocks_in, fallbacks=self.ledger.totals.swap_fallbacks,
-            host_slots=sw.slots.num_slots, host_slots_free=sw.slots.num_free,
-            host_tokens=sum(e.host.tokens for e in self.entries.values() if e.host and e.state is KvState.SWAPPED),
-            loading_blocks=sum(len(e.host.to_load or ()) for e in self.entries.values() if e.host),
-            kv_bytes_per_token=self.profile.kv_bytes_per_token,
-            recent_budgets=[{"limit": s.limit, "out": s.out_budget, "in": s.in_budget} for s in recent],
-            moved=[{"out": s.out_moved, "in": s.in_moved} for s in recent],
-        )
 
     # ================================================================== internals
     def _settle(self, now: float) -> None:
@@ -357,24 +316,12 @@ class InterceptCore:
                 self.start_swap_out(self.entries[rid], now)
             for rid in decision.discard:
                 self.free(self.entries[rid], Fate.DISCARD, now)
-        # Copy out oldest first; a budget under one block still moves one block, so copies finish.
-        copying = [e for e in self._ordered(KvState.SWAPPING_OUT) if e.host is not None and not e.host.out_complete]
-        blocks = max(budget.out_tokens // self.block_size, 1 if copying else 0)
-        for e in copying:
-            if blocks <= 0:
-                break
-            assert e.host is not None
-            blocks -= sw.plan_out(e.host, self.kv.block_ids(e.request_id), blocks)
-        # Arm swap-ins first come first served while fewer blocks wait to be copied in than one step
-        # moves: an armed request gets its device blocks from vLLM and is copied in over the next steps.
-        pipeline = sum(len(e.host.to_load or ()) if e.state is KvState.LOADING else len(e.host.slots)
-                       for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING))
-        for e in self._ordered(KvState.LOAD_QUEUED):
-            if pipeline >= max(1, sw.in_budget_blocks):
-                break
-            assert e.host is not None
+        copying = [e for e in self._ordered(KvState.SWAPPING_OUT) if e.host is not None]
+        sw.plan_copy_out([(e.host, lambda e=e: self.kv.block_ids(e.request_id)) for e in copying], budget.out_tokens)
+        loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
+        queued = self._ordered(KvState.LOAD_QUEUED)
+        for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading)]:
             e.state = KvState.LOAD_ARMED
-            pipeline += len(e.host.slots)
 
     def _drop_host(self, e: Entry) -> None:
         assert self.swap is not None and e.host is not None

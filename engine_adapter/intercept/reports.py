@@ -9,7 +9,11 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from engine_adapter.intercept.records import Totals
+from engine_adapter.intercept.records import BlockCounts, Totals
+from engine_adapter.intercept.state import KvState
+
+if typing.TYPE_CHECKING:
+    from engine_adapter.intercept.core import InterceptCore
 
 T = TypeVar("T")
 
@@ -121,3 +125,52 @@ class Integrity:
     running: int
     preserved: int
     host_tokens: int = 0
+
+
+# ---------------------------------------------------------------------- built from the core's state
+def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, waiting: int, now: float) -> EngineStats:
+    totals = core.ledger.totals_at(now)
+    paused = [e for e in core.entries.values() if e.state.paused]
+    swapped = sum(len(e.host.slots) for e in paused if e.host and e.state is KvState.SWAPPED)
+    prof = core.profile
+    return EngineStats(
+        policy=core.spec.name, block_size=core.block_size,
+        blocks=BlockReport(**counts.to_dict(), swapped_to_host=swapped), totals=totals,
+        paused=len(paused), paused_preserved=sum(e.state.on_device for e in paused), running=running,
+        waiting=waiting - len(paused), engine_time_s=now, steps=core.steps,
+        waste=core.meter.report(totals.preserved_token_seconds),
+        profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
+                              {str(k): v for k, v in prof.refinement().items()}),
+        swap=swap_report(core),
+    )
+
+
+def check_integrity(core: InterceptCore, counts: BlockCounts) -> Integrity:
+    """Device blocks add up, and the host buffer holds exactly what the entries own; raises if not."""
+    counts.check()
+    host_tokens = 0
+    if core.swap is not None:
+        owned = sum(len(e.host.slots) for e in core.entries.values() if e.host is not None)
+        used = core.swap.slots.num_slots - core.swap.slots.num_free
+        if used != owned:
+            raise AssertionError(f"swap integrity: {used} host slots in use, entries own {owned}")
+        host_tokens = sum(e.host.tokens for e in core.entries.values() if e.host is not None)
+    return Integrity(**counts.to_dict(), host_tokens=host_tokens)
+
+
+def swap_report(core: InterceptCore) -> SwapReport | None:
+    sw = core.swap
+    if sw is None:
+        return None
+    recent = list(sw.history)[-256:]
+    hosted = [e for e in core.entries.values() if e.host is not None]
+    return SwapReport(
+        tokens_out=sw.stats.tokens_out, tokens_in=sw.stats.tokens_in, blocks_out=sw.stats.blocks_out,
+        blocks_in=sw.stats.blocks_in, fallbacks=core.ledger.totals.swap_fallbacks,
+        host_slots=sw.slots.num_slots, host_slots_free=sw.slots.num_free,
+        host_tokens=sum(e.host.tokens for e in hosted if e.state is KvState.SWAPPED),  # type: ignore[union-attr]
+        loading_blocks=sum(len(e.host.to_load or ()) for e in hosted),  # type: ignore[union-attr]
+        kv_bytes_per_token=core.profile.kv_bytes_per_token,
+        recent_budgets=[{"limit": s.limit, "out": s.out_budget, "in": s.in_budget} for s in recent],
+        moved=[{"out": s.out_moved, "in": s.in_moved} for s in recent],
+    )

@@ -11,6 +11,7 @@ pass of the previous iteration's batch), split between swap-out and swap-in (Sec
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_adapter.policy.profile import Profile
@@ -128,6 +129,30 @@ class SwapPlanner:
             self.stats.tokens_out += host.tokens
         return n
 
+    def plan_copy_out(self, copying: list[tuple[HostCopy, Callable[[], list[int]]]], budget_tokens: int) -> None:
+        """Plan this step's copy-out, oldest first, within the budget. `copying` pairs each copy with its
+        request's device block ids (asked only when it moves). A budget under one block still moves one
+        block, so copies always finish."""
+        todo = [(h, ids) for h, ids in copying if not h.out_complete]
+        blocks = max(budget_tokens // self.block_size, 1 if todo else 0)
+        for host, ids in todo:
+            if blocks <= 0:
+                break
+            blocks -= self.plan_out(host, ids(), blocks)
+
+    def how_many_to_arm(self, queued: list[HostCopy], loading: list[HostCopy]) -> int:
+        """How many of the queued swap-ins (first come, first served) to arm this step: while fewer
+        blocks wait to be copied in than one step moves. An armed request gets its device blocks from
+        vLLM and is copied in over the next steps."""
+        pipeline = sum(len(h.to_load) if h.to_load is not None else len(h.slots) for h in loading)
+        n = 0
+        for host in queued:
+            if pipeline >= max(1, self.in_budget_blocks):
+                break
+            pipeline += len(host.slots)
+            n += 1
+        return n
+
     def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str]) -> StepCopies:
         """The step's copies: what `plan_out` queued, and swap-in chunks of the loading requests, in
         order, within the step's swap-in budget (a budget under one block still moves one, so loads
@@ -154,10 +179,13 @@ class SwapPlanner:
             self._step = None
         return StepCopies(swap_out=out, swap_in=swap_in, loads_done=done)
 
-    def last_moved_tokens(self) -> tuple[int, int]:
-        """(out, in) tokens the last built step moves."""
+    def last_step_stall_s(self, step_seconds: float) -> float:
+        """What the last step's copies added to its time (an estimate from the profile's bandwidth).
+        CPU copies share the cores with the forward pass: all of it. On CUDA (or an emulated link) they
+        run beside the forward pass: only what outlasts the step's compute."""
         if not self.history:
-            return 0, 0
+            return 0.0
         last = self.history[-1]
-        return last.out_moved, last.in_moved
+        copy_s = self.profile.t_swap_out_s(last.out_moved) + self.profile.t_swap_in_s(last.in_moved)
+        return copy_s if self.profile.device == "cpu" else max(0.0, copy_s - (step_seconds - copy_s))
 

@@ -4,6 +4,13 @@ decision functions; `waste.py` the paper's equations; `estimator.py` call durati
 performance model."""
 
 from engine_adapter.policy.decide import PausedView, StepDecision
-from engine_adapter.policy.table import DEFAULT_TTL_S, POLICIES, POLICY_NAMES, Action, PolicySpec, policy_spec
+from engine_adapter.policy.table import (
+    DEFAULT_TTL_S,
+    POLICIES,
+    POLICY_NAMES,
+    Action,
+    PolicySpec,
+    policy_spec,
+)
 
 __all__ = ["DEFAULT_TTL_S", "POLICIES", "POLICY_NAMES", "Action", "PausedView", "PolicySpec", "StepDecision", "policy_spec"]

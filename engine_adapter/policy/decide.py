@@ -16,7 +16,11 @@ from dataclasses import dataclass, field
 
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
-from engine_adapter.policy.waste import recompute_chunk_tokens, waste_chunked_discard_byte_s, waste_preserve_byte_s
+from engine_adapter.policy.waste import (
+    recompute_chunk_tokens,
+    waste_chunked_discard_byte_s,
+    waste_preserve_byte_s,
+)
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from augmentations.base import CallContext, ToolError
 from augmentations.bark_tts import SAMPLE_RATE, build_tiny_bark, checkpoint_globals
+from augmentations.base import CallContext, ToolError
 from augmentations.tts import Speech, wav_seconds
 
 

@@ -51,8 +51,8 @@ def test_gateway_config_validation(tmp_path) -> None:
 
 
 def test_shipped_config_loads() -> None:
-    from infercept.cli import DEFAULT_CONFIG
     from engine_adapter.config import load_engine_config
+    from infercept.cli import DEFAULT_CONFIG
 
     cfg = load_gateway_config(str(DEFAULT_CONFIG))
     assert set(cfg.augmentations) == {"calculator", "wikipedia", "alfworld", "image", "tts", "human"}

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_adapter.engine import InterceptEngine, Session, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import TurnEnd
+from engine_adapter.session import Session
 
 
 async def run_turn(session: Session, tokens: list[int] | str, max_tokens: int) -> TurnEnd:

@@ -53,10 +53,10 @@ def test_serve_once_starts_the_gateway_and_engine() -> None:
         capture_output=True, text=True, timeout=300, cwd=REPO, env={**os.environ},
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"infercept ready in" in proc.stdout and f"http://127.0.0.1:{port}" in proc.stdout
+    assert "infercept ready in" in proc.stdout and f"http://127.0.0.1:{port}" in proc.stdout
     assert "policy=infercept" in proc.stdout  # the shipped config's policy
     assert "tools=Calculator,Wikipedia,ALFWorld,Image,TTS,AskHuman" in proc.stdout
-    assert f'GET /healthz -> 200 {{"status": "ok", "model": "tiny", "policy": "infercept"}}' in proc.stdout
+    assert 'GET /healthz -> 200 {"status": "ok", "model": "tiny", "policy": "infercept"}' in proc.stdout
 
 
 def test_serve_rejects_a_bad_config(tmp_path: Path) -> None:

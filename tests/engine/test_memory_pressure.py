@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_adapter.engine import InterceptEngine, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import TurnEnd
 from tests.conftest import TINY_KV_BLOCKS, TINY_MAX_SEQS
 
 N_SESSIONS = 8  # twice the running slots

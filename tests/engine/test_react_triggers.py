@@ -13,7 +13,8 @@ from augmentations.base import CallContext
 from augmentations.calculator import Calculator
 from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
-from engine_adapter.engine import InterceptEngine, TokenDelta, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import TokenDelta, TurnEnd
 
 FEW_SHOT = """Answer the question. Use the calculator for arithmetic.
 

@@ -6,7 +6,14 @@ import asyncio
 
 import pytest
 
-from engine_adapter.engine import ContextTooLong, EngineError, InterceptEngine, SessionBusy, SessionClosed, TurnEnd
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.events import (
+    ContextTooLong,
+    EngineError,
+    SessionBusy,
+    SessionClosed,
+    TurnEnd,
+)
 from tests.conftest import TINY_MAX_LEN
 from tests.engine.helpers import wait_all_free
 

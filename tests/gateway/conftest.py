@@ -14,7 +14,6 @@ import httpx
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
-from engine_adapter.config import EngineConfig
 from gateway.app import create_app
 from gateway.client import AsyncClient
 from gateway.config import DEFAULT_AUGMENTATIONS, GatewayConfig, ServerConfig

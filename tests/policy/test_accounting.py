@@ -3,7 +3,13 @@ from __future__ import annotations
 import pytest
 
 from engine_adapter.intercept.meter import WasteMeter
-from engine_adapter.intercept.records import BlockCounts, Fate, InterceptRecord, Ledger, RestoredBy
+from engine_adapter.intercept.records import (
+    BlockCounts,
+    Fate,
+    InterceptRecord,
+    Ledger,
+    RestoredBy,
+)
 
 
 def pause(ledger: Ledger, rid: str, ctx: int, at: float) -> InterceptRecord:

@@ -10,6 +10,7 @@ import pytest
 
 from engine_adapter.intercept.core import CoreSettings, InterceptCore, TransitionError
 from engine_adapter.intercept.records import BlockCounts, Fate, RestoredBy
+from engine_adapter.intercept.reports import check_integrity
 from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind, StepView
 from engine_adapter.intercept.swap import SwapPlanner
 from engine_adapter.policy.estimator import DurationEstimator
@@ -80,7 +81,7 @@ def idle_view(pool: Pool) -> StepView:
 def step(core: InterceptCore, pool: Pool, now: float, view: StepView | None = None) -> tuple:
     core.before_schedule(lambda: view or idle_view(pool), now)
     copies = core.step_copies() if core.swap is not None else None
-    core.check(pool.counts(core.on_device_paused()))
+    check_integrity(core, pool.counts(core.paused_ids(on_device=True)))
     return copies
 
 
@@ -119,7 +120,7 @@ def test_preserve_keeps_the_kv_and_resumes_in_place() -> None:
     core = make("preserve", pool)
     pause(core, pool, "a", 40, now=1.0)
     assert core.holds_device("a") is True and pool.released == []
-    core.check(pool.counts(core.on_device_paused()))
+    check_integrity(core, pool.counts(core.paused_ids(on_device=True)))
     r = core.resume("a", 4.0, 99.0)
     assert r.kind is ResumeKind.KEEP and r.arrival_time == 1.0 and "a" not in core.entries
     rec = core.ledger.records[-1]
@@ -154,7 +155,7 @@ def test_swap_path_step_by_step_within_budgets() -> None:
     assert [d for d, _ in c2.swap_out] == device[3:5] and e.state is KvState.SWAPPING_OUT
     step(core, pool, 0.03)  # the step that copied the last blocks has run: the device copy goes
     assert e.state is KvState.SWAPPED and pool.released == ["a"] and e.record.kv_fate is Fate.SWAP
-    assert core.check(pool.counts(core.on_device_paused())).host_tokens == 5 * BLOCK
+    assert check_integrity(core, pool.counts(core.paused_ids(on_device=True))).host_tokens == 5 * BLOCK
 
     r = core.resume("a", 1.0, 99.0)
     assert r.kind is ResumeKind.LOAD and e.state is KvState.LOAD_QUEUED

@@ -4,7 +4,14 @@ import math
 
 import pytest
 
-from engine_adapter.policy import DEFAULT_TTL_S, POLICIES, POLICY_NAMES, Action, PausedView, policy_spec
+from engine_adapter.policy import (
+    DEFAULT_TTL_S,
+    POLICIES,
+    POLICY_NAMES,
+    Action,
+    PausedView,
+    policy_spec,
+)
 from engine_adapter.policy.decide import demotion_order, ttl_expired, ttl_for
 from engine_adapter.policy.table import pause_action
 

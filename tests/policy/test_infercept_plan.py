@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from engine_adapter.intercept.swap import SlotPool
 from engine_adapter.policy.decide import PausedCost, infercept_plan
 from engine_adapter.policy.profile import Profile
-from engine_adapter.policy.waste import waste_chunked_discard_byte_s, waste_preserve_byte_s
-from engine_adapter.intercept.swap import SlotPool
+from engine_adapter.policy.waste import (
+    waste_chunked_discard_byte_s,
+    waste_preserve_byte_s,
+)
 
 P = Profile(
     model="m", device="d", fwd_tokens=(64, 256, 512, 1024, 2048), fwd_seconds=(0.02, 0.03, 0.05, 0.1, 0.2),

@@ -6,7 +6,14 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from engine_adapter.models import prepare
-from engine_adapter.triggers import DEFAULT_TRIGGERS, REACT, TOOL_CALL, Trigger, TriggerMatcher, find_call
+from engine_adapter.triggers import (
+    DEFAULT_TRIGGERS,
+    REACT,
+    TOOL_CALL,
+    Trigger,
+    TriggerMatcher,
+    find_call,
+)
 
 
 @pytest.fixture(scope="module")

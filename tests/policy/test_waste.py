@@ -6,12 +6,16 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.policy.estimator import DurationEstimator, load_priors, lognormal_quantiles
+from engine_adapter.policy.estimator import (
+    DurationEstimator,
+    load_priors,
+    lognormal_quantiles,
+)
 from engine_adapter.policy.profile import Profile, kv_bytes_per_token, saturation_point
 from engine_adapter.policy.waste import (
+    recompute_chunk_tokens,
     split_swap_budget,
     swap_limit_tokens,
-    recompute_chunk_tokens,
     waste_chunked_discard_byte_s,
     waste_discard_byte_s,
     waste_min_byte_s,
