@@ -113,7 +113,7 @@ async def run(model: str, rounds: int, w: Workload, dtype: str, out: Path | None
     result = {
         "command": " ".join(["infercept", "bench-overhead", *sys.argv[2:]]),
         "model": model,
-        "dtype": dtype,
+        "dtype": cfg.resolved_dtype(),
         "workload": asdict(w),
         "rounds": rows,
         "median_tokens_per_s": {"stock": med_stock, "intercept": med_ic},

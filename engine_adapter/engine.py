@@ -205,7 +205,7 @@ def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -
                  additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()}) if intercept else {}
     return AsyncEngineArgs(
         model=model_path,
-        dtype=cfg.dtype,
+        dtype=cfg.resolved_dtype(),
         seed=cfg.seed,
         enforce_eager=True,
         max_model_len=cfg.max_model_len,

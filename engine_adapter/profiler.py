@@ -112,7 +112,7 @@ async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: in
     hf = AutoConfig.from_pretrained(model_path)
     head = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     kv_heads = getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}.get(dtype, torch.bfloat16)
+    tdtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[cfg.resolved_dtype()]
     dtype_bytes = torch.tensor([], dtype=tdtype).element_size()
     m = kv_bytes_per_token(hf.num_hidden_layers, kv_heads, head, dtype_bytes)
     # One layer's block as vLLM's CPU and GPU backends lay it out (16 tokens of K and V).

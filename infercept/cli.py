@@ -140,7 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
     serve.add_argument("--model", help="default | tiny | a local HF folder | a hub id")
     serve.add_argument("--policy", choices=POLICY_NAMES)
-    serve.add_argument("--dtype")
+    serve.add_argument("--dtype", help="auto (default) | bfloat16 | float16 | float32")
     serve.add_argument("--kv-cache-gib", type=float)
     serve.add_argument("--max-num-seqs", type=int)
     serve.add_argument("--max-model-len", type=int)
@@ -152,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     prof = sub.add_parser("profile", help="measure T_fwd, S, M and swap bandwidth; write a JSON profile")
     prof.add_argument("--model", default="default")
-    prof.add_argument("--dtype", default="bfloat16")
+    prof.add_argument("--dtype", default="auto", help="auto: bfloat16 where the device computes it natively, else float32")
     prof.add_argument("--grid", default="16,32,64,128,256,384,512,768,1024,1536,2048")
     prof.add_argument("--repeats", type=int, default=3)
     prof.add_argument("--out", help="default: configs/profiles/<model>-<device>.json (the engine loads it)")
@@ -160,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench-overhead", help="stock vLLM vs the intercept engine, no intercepts")
     bench.add_argument("--model", default="default")
-    bench.add_argument("--dtype", default="bfloat16")
+    bench.add_argument("--dtype", default="auto", help="auto: bfloat16 where the device computes it natively, else float32")
     bench.add_argument("--rounds", type=int, default=5)
     bench.add_argument("--requests", type=int, default=32)
     bench.add_argument("--prompt-tokens", type=int, default=128)

@@ -47,3 +47,12 @@ def test_custom_trigger_from_yaml(tmp_path: Path) -> None:
     f.write_text("engine:\n  triggers:\n    - {name: call, pattern: 'CALL\\((?P<tool>\\w+)\\)', end_chars: ')'}\n")
     cfg = load_engine_config(str(f))
     assert cfg.triggers[0].regex.search("CALL(search)").group("tool") == "search"
+
+
+def test_auto_dtype_is_bf16_only_where_it_is_native() -> None:
+    from engine_adapter.config import cpu_has_native_bf16, resolve_dtype
+
+    assert cpu_has_native_bf16("flags : fpu avx2 avx512f avx512_bf16") and cpu_has_native_bf16("flags: amx_bf16 avx2")
+    assert not cpu_has_native_bf16("flags : fpu avx2 fma")  # an AMD EPYC of this project's CI kind
+    assert resolve_dtype("auto", cuda=True) == "bfloat16" and resolve_dtype("float16", cuda=False) == "float16"
+    assert resolve_dtype("auto", cuda=False) == ("bfloat16" if cpu_has_native_bf16() else "float32")
