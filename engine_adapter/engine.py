@@ -24,6 +24,7 @@ session keeps its history and the next turn opens a new request over the whole c
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import os
 import uuid
@@ -62,6 +63,9 @@ class InterceptEngine:
         # Building the engine blocks for as long as the engine core takes to start (seconds to
         # minutes): off the event loop, so that the process keeps serving (health checks answer
         # "starting") meanwhile. AsyncLLM starts its output tasks lazily on the loop that first uses it.
+        if self.config.log_stats:
+            # Its Prometheus metrics, without the stat logger that logs a summary line every few seconds.
+            logging.getLogger("vllm.v1.metrics.loggers").setLevel(logging.WARNING)
         self.llm = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
         self.tokenizer = self.llm.get_tokenizer()
 

@@ -55,7 +55,11 @@ REACT = Trigger(
 )
 # Hermes/Qwen-style JSON tool calls: <tool_call>{"name": ..., "arguments": ...}</tool_call>
 TOOL_CALL = Trigger(name="tool_call", pattern=r"<tool_call>(?P<args>.*?)</tool_call>", end_chars=">")
-DEFAULT_TRIGGERS: tuple[Trigger, ...] = (REACT, TOOL_CALL)
+# A model-written observation: in ReAct only tools write observations, so generation stops where the model
+# begins one itself (as ReAct implementations stop at "\nObservation:"); the gateway re-prompts. Tool
+# results are appended as input, never generated, so this fires only on invented ones.
+OBSERVATION = Trigger(name="observation", pattern=r"(?:^|\n)[ \t]*Observation:", end_chars=":")
+DEFAULT_TRIGGERS: tuple[Trigger, ...] = (REACT, TOOL_CALL, OBSERVATION)
 
 
 @dataclass(frozen=True)

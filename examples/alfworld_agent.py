@@ -1,5 +1,6 @@
-"""The agent plays a text-environment game (the ALFWorld tool: a real TextWorld game per session)
-until it wins or reaches the step limit, printing every action and observation.
+"""The agent plays an ALFWorld household task (the ALFWorld tool: one game per session, in ALFWorld's
+TextWorld-PDDL environment) until it wins or reaches the step limit, printing every action and
+observation.
 
     .venv/bin/python examples/alfworld_agent.py [--url http://127.0.0.1:8000] [--max-steps 30]
 """
@@ -17,7 +18,7 @@ def main() -> int:
     args = p.parse_args()
     c = connect(args)
     s = c.create_session(tools=["alfworld"], max_tokens=64)
-    steps, won, message = 0, False, "Play the game until you win. Start by looking around."
+    steps, won, message = 0, False, "Play the household task until you win. Start by looking around."
     while steps < args.max_steps and not won:
         try:
             # Each message forces one game action (tool_choice); the model may chain more itself.
@@ -29,7 +30,7 @@ def main() -> int:
             raise
         info = c.get_session(s)
         calls = [x for x in info["calls"] if x["tool"] == "ALFWorld"]
-        won = any("You won the game" in (x["result"] or "") for x in calls)
+        won = any("You won!" in (x["result"] or "") for x in calls)
         new_steps = len(calls) - steps
         steps = len(calls)
         if done.name == "error" or new_steps == 0:

@@ -37,6 +37,7 @@ from engine_adapter.events import (
 )
 from engine_adapter.intercept.records import InterceptRecord
 from engine_adapter.session import Session
+from engine_adapter.triggers import OBSERVATION
 from gateway.artifacts import ArtifactStore
 from gateway.calls import (
     HUMAN_TOOL,
@@ -49,14 +50,18 @@ from gateway.calls import (
 from gateway.config import ServerConfig
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
-from gateway.toolcalls import CallParser, ToolChoice, ToolChoiceError, choice_regex
+from gateway.toolcalls import CallParser, ToolChoice, ToolChoiceError, choice_regex, react_step_regex
 
 log = logging.getLogger("infercept.gateway")
 
 State = Literal["idle", "generating", "in_tool", "awaiting_user", "closed"]
 Event = tuple[str, dict[str, Any]]
+StepFormat = Literal["free", "react"]
 TERMINAL = ("done", "error")
 ANSWER = re.compile(r"Answer:\s*(.*)", re.DOTALL)
+# Appended after an observation the model began itself (the "observation" trigger), to let it call a tool
+# or answer instead.
+REPROMPT = " none: no tool was called, and only a tool writes an observation.\nThought:"
 
 
 class AgentError(Exception):
@@ -146,7 +151,8 @@ class AgentSession:
             "calls": [c.to_dict() for c in self.calls],
         }
 
-    async def send_message(self, content: str, tool_choice: ToolChoice = "auto") -> AsyncIterator[Event]:
+    async def send_message(self, content: str, tool_choice: ToolChoice = "auto",
+                           step_format: StepFormat = "free") -> AsyncIterator[Event]:
         """Events for a user message: a new question, or the answer to a pending AskHuman."""
         self.touch()
         if self.state == "closed":
@@ -163,25 +169,29 @@ class AgentSession:
         elif self.state != "idle":
             raise AgentError(409, "session_busy", f"the session is {self.state}; wait for its done event")
         else:
-            self.start(self._message_tokens(content), tool_choice)
+            self.start(self._message_tokens(content), tool_choice, step_format)
             self.transcript.append({"role": "user", "content": content})
         async for ev in self._consume():
             yield ev
 
-    def start(self, tokens: list[int], tool_choice: ToolChoice = "auto") -> None:
-        """Start the loop on these tokens (a message's, or a whole prompt the OpenAI route rendered)."""
+    def start(self, tokens: list[int], tool_choice: ToolChoice = "auto", step_format: StepFormat = "free") -> None:
+        """Start the loop on these tokens (a message's, or a whole prompt the OpenAI route rendered).
+        `tool_choice` constrains the first model turn; `step_format` "react" constrains every turn to one
+        ReAct step (structured outputs)."""
         if self.state != "idle" or self._pending is not None:
             raise AgentError(409, "session_busy", f"the session is {self.public_state()}")
         try:
             self.es.check_room(len(tokens))
-            regex = choice_regex(tool_choice, self.tools + list(self.client_tools))
+            names = self.tools + list(self.client_tools)
+            regex = choice_regex(tool_choice, names)
+            step = react_step_regex(names) if step_format == "react" else None
         except ContextTooLong as e:
             raise AgentError(413, "context_too_long", f"the context would be {e.tokens - 1} tokens; the model's "
                              f"limit is {e.limit}", tokens=e.tokens - 1, limit=e.limit) from e
         except ToolChoiceError as e:
             raise AgentError(400, e.kind, str(e)) from e
         self.state = "generating"
-        self._task = asyncio.create_task(self._drive(tokens, regex), name=f"agent-{self.id}")
+        self._task = asyncio.create_task(self._drive(tokens, regex or step, step), name=f"agent-{self.id}")
 
     async def events(self) -> AsyncIterator[Event]:
         """The events of the loop started with `start`, up to the next done/error."""
@@ -260,9 +270,9 @@ class AgentSession:
         return self.ctx.engine.encode(text)
 
     # ------------------------------------------------------------------ the loop
-    async def _drive(self, tokens: list[int], regex: str | None = None) -> None:
+    async def _drive(self, tokens: list[int], regex: str | None = None, step_regex: str | None = None) -> None:
         try:
-            await self._loop(tokens, regex)
+            await self._loop(tokens, regex, step_regex)
         except asyncio.CancelledError:
             raise
         except ContextTooLong as e:
@@ -276,13 +286,14 @@ class AgentSession:
             self.state = "idle"
             self._emit("error", type="internal_error", message=f"{type(e).__name__}: {e}")
 
-    async def _loop(self, tokens: list[int], regex: str | None = None) -> None:
+    async def _loop(self, tokens: list[int], regex: str | None, step_regex: str | None) -> None:
         limits = self.ctx.limits
         calls_this_message = 0
         reply_text: list[str] = []
         prompt_tokens, completion_tokens = len(tokens), 0
         resume_of: CallRecord | None = None  # the call whose result the next turn resumes after
         chat_resume = self._last_end is not None  # a new message resumes the turn-end (chat) intercept
+        reprompts = 0
         while True:
             self.state = "generating"
             end: TurnEnd | None = None
@@ -303,12 +314,23 @@ class AgentSession:
             assert end is not None
             if announce:
                 self._announce_resume(resume_of, None)
-            chat_resume, regex = False, None  # tool_choice binds the first model turn only
+            chat_resume, regex = False, step_regex  # tool_choice binds the first model turn only
             self._last_end = end
             completion_tokens += len(end.token_ids)
             reply_text.append(end.text)
             if end.reason != "tool_call" or end.call is None:
                 break
+            if end.call.trigger == OBSERVATION.name:
+                # The model began an observation without calling a tool: only tools write observations.
+                self.ctx.metrics.invented_observations.inc()
+                if reprompts >= limits.max_reprompts:
+                    break  # answered as is: the reply is what came before the observation
+                reprompts += 1
+                self._emit("reprompt", text=REPROMPT)
+                tokens, resume_of = self.ctx.engine.encode(REPROMPT), None
+                prompt_tokens += len(tokens)
+                reply_text.append(REPROMPT)
+                continue
             call = self._start_call(end)
             calls_this_message += 1
             if calls_this_message > limits.max_tool_calls:
@@ -330,16 +352,17 @@ class AgentSession:
             resume_of = call
             reply_text.append(PromptBuilder.observation(content))
         full = "".join(reply_text)
+        invented = end.call is not None and end.call.trigger == OBSERVATION.name
         answer = ANSWER.findall(full)
-        reply = answer[-1].strip() if answer else end.text.strip()
+        reply = answer[-1].strip() if answer else (end.text[:end.call.start] if invented and end.call else end.text).strip()
         self.transcript.append({"role": "assistant", "content": full, "reply": reply})
         self.usage["prompt_tokens"] += prompt_tokens
         self.usage["completion_tokens"] += completion_tokens
         self.state = "idle"
-        self._emit("done", reply=reply, finish_reason=end.reason,
+        self._emit("done", reply=reply, finish_reason="stop" if invented else end.reason,
                    usage={"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
                           "context_tokens": end.context_tokens},
-                   state="awaiting_user")
+                   reprompts=reprompts, state="awaiting_user")
 
     def _announce_resume(self, call: CallRecord | None, rec: InterceptRecord | None) -> None:
         self._emit("resume", **resume_event(call, rec))

@@ -59,6 +59,15 @@ def _raise_for(resp: httpx.Response) -> None:
         raise ApiError(resp.status_code, "http_error", resp.text) from None
 
 
+def _message_body(content: str, tool_choice: Any, step_format: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"content": content}
+    if tool_choice is not None:
+        body["tool_choice"] = tool_choice
+    if step_format is not None:
+        body["format"] = step_format
+    return body
+
+
 async def parse_sse(lines: AsyncIterator[str]) -> AsyncIterator[Event]:
     """Server-Sent Events from a line iterator (`event:`/`data:` fields, blank line ends an event)."""
     name, data = "message", []
@@ -153,20 +162,17 @@ class AsyncClient:
                 if ev.terminal:
                     return
 
-    def stream_message(self, s: SessionRef, content: str, tool_choice: Any = None) -> AsyncIterator[Event]:
-        body: dict[str, Any] = {"content": content}
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
-        return self._stream(f"/v1/sessions/{s.id}/messages", s, body)
+    def stream_message(self, s: SessionRef, content: str, tool_choice: Any = None, step_format: str | None = None) -> AsyncIterator[Event]:
+        """`tool_choice`: auto | required | none | {"name"}; `step_format`: free | react (every model turn
+        constrained to one ReAct step)."""
+        return self._stream(f"/v1/sessions/{s.id}/messages", s, _message_body(content, tool_choice, step_format))
 
     def stream_tool_result(self, s: SessionRef, call_id: str, content: str) -> AsyncIterator[Event]:
         return self._stream(f"/v1/sessions/{s.id}/tool_results", s, {"call_id": call_id, "content": content})
 
-    async def send_message(self, s: SessionRef, content: str, tool_choice: Any = None) -> dict[str, Any]:
+    async def send_message(self, s: SessionRef, content: str, tool_choice: Any = None, step_format: str | None = None) -> dict[str, Any]:
         """Non-streaming: {"reply", "state", "events", "usage", ...}."""
-        body: dict[str, Any] = {"content": content, "stream": False}
-        if tool_choice is not None:
-            body["tool_choice"] = tool_choice
+        body = _message_body(content, tool_choice, step_format) | {"stream": False}
         r = await self.http.post(f"/v1/sessions/{s.id}/messages", json=body, headers=self._auth(s))
         _raise_for(r)
         return r.json()
@@ -242,14 +248,14 @@ class Client:
     def close_session(self, s: SessionRef) -> None:
         self._run(self._c.close_session(s))
 
-    def stream_message(self, s: SessionRef, content: str, tool_choice: Any = None) -> Iterator[Event]:
-        return self._iterate(self._c.stream_message(s, content, tool_choice))
+    def stream_message(self, s: SessionRef, content: str, tool_choice: Any = None, step_format: str | None = None) -> Iterator[Event]:
+        return self._iterate(self._c.stream_message(s, content, tool_choice, step_format))
 
     def stream_tool_result(self, s: SessionRef, call_id: str, content: str) -> Iterator[Event]:
         return self._iterate(self._c.stream_tool_result(s, call_id, content))
 
-    def send_message(self, s: SessionRef, content: str, tool_choice: Any = None) -> dict[str, Any]:
-        return self._run(self._c.send_message(s, content, tool_choice))
+    def send_message(self, s: SessionRef, content: str, tool_choice: Any = None, step_format: str | None = None) -> dict[str, Any]:
+        return self._run(self._c.send_message(s, content, tool_choice, step_format))
 
     def send_tool_result(self, s: SessionRef, call_id: str, content: str) -> dict[str, Any]:
         return self._run(self._c.send_tool_result(s, call_id, content))

@@ -32,6 +32,7 @@ class ServerConfig:
     max_message_chars: int = 16000
     max_tokens: int = 256  # per generation step (one model turn between tool calls)
     max_tool_calls: int = 8  # per user message; then the model is told to answer
+    max_reprompts: int = 1  # per message: re-prompts after the model began an observation itself
     max_observation_chars: int = 1500  # a tool result longer than this is cut for the model
     tool_timeout_s: float = 60.0  # default per-call timeout (augmentations.<name>.timeout_s wins)
     artifact_store_mb: int = 256  # images and audio kept in memory (oldest dropped first)
@@ -46,10 +47,13 @@ class GatewayConfig:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
-    "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,),
+    "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,), "max_reprompts": (int,),
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
     "model_name": (str, type(None)),
 }
+
+
+_ZERO_OK = {"max_reprompts"}
 
 
 def server_config(data: Mapping[str, Any]) -> ServerConfig:
@@ -60,8 +64,8 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
     for key, value in data.items():
         if not isinstance(value, _TYPES[key]) or isinstance(value, bool):
             raise ValueError(f"server.{key}: expected {' or '.join(t.__name__ for t in _TYPES[key])}, got {value!r}")
-        if isinstance(value, (int, float)) and key != "port" and value <= 0:
-            raise ValueError(f"server.{key} must be positive")
+        if isinstance(value, (int, float)) and key != "port" and (value < 0 if key in _ZERO_OK else value <= 0):
+            raise ValueError(f"server.{key} must be {'>= 0' if key in _ZERO_OK else 'positive'}")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
     return ServerConfig(**data)

@@ -31,6 +31,8 @@ class GatewayMetrics:
         self.tool_latency = Histogram("infercept_tool_latency_seconds", "Augmentation call duration", ["tool", "type", "outcome"],
                                       buckets=(0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300), registry=r)
         self.messages = Counter("infercept_messages", "Messages handled, by route and outcome", ["route", "outcome"], registry=r)
+        self.invented_observations = Counter("infercept_invented_observations", "Observations the model began writing itself "
+                                             "(generation stopped there; only tools write observations)", registry=r)
         self.disconnects = Counter("infercept_client_disconnects", "Streams abandoned by their client (generation aborted)", registry=r)
         self.sessions_expired = Counter("infercept_sessions_expired", "Sessions closed for idleness", registry=r)
         self.sessions = Gauge("infercept_sessions", "Open sessions by state", ["state"], registry=r)
@@ -69,5 +71,12 @@ class GatewayMetrics:
         for state in ("generating", "in_tool", "awaiting_user"):
             self.sessions.labels(state).set(tally.get(state, 0))
 
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
+    def render(self, with_vllm: bool = False) -> bytes:
+        """Ours, plus vLLM's own families (`vllm:*`, in prometheus_client's default registry) when the
+        engine exports them, so dashboards built for vLLM work unchanged."""
+        out = generate_latest(self.registry)
+        if with_vllm:
+            from prometheus_client import REGISTRY
+
+            out += generate_latest(REGISTRY)
+        return out

@@ -41,17 +41,20 @@ EXAMPLES: dict[str, tuple[str, str] | list[tuple[str, str]]] = {
         "Observation: Hamlet: The Tragedy of Hamlet, Prince of Denmark, is a tragedy written by William Shakespeare.\n"
         "Answer: William Shakespeare",
     ),
+    # A real ALFWorld game (a generated pick-and-place task), shortened: the tool's own text.
     "ALFWorld": (
-        "Play the game until you win.",
-        "Thought: I should see where I am.\nAction: ALFWorld[look]\n"
-        "Observation: -= Kitchen =- You see a table. On the table is an apple. Your task: put the apple in the fridge. "
-        "Commands: take apple from table, open fridge, go east.\n"
-        "Thought: The task needs the apple, so I take it.\nAction: ALFWorld[take apple from table]\n"
-        "Observation: You take the apple from the table. Commands: open fridge, put apple on table, go east.\n"
-        "Thought: The fridge must be open first.\nAction: ALFWorld[open fridge]\n"
-        "Observation: You open the fridge. Commands: put apple in fridge, close fridge, go east.\n"
-        "Thought: Now the apple goes in the fridge.\nAction: ALFWorld[put apple in fridge]\n"
-        "Observation: You put the apple in the fridge. You won the game.\nAnswer: I won the game.",
+        "Play the household task until you win.",
+        "Thought: I should see where I am and what the task is.\nAction: ALFWorld[look]\n"
+        "Observation: You are in the middle of a room. Looking quickly around you, you see a armchair 1, a bed 1, "
+        "a drawer 1, a dresser 1, and a sidetable 1. Your task is to: put a keychain in armchair.\n"
+        "Thought: A keychain may be on the dresser.\nAction: ALFWorld[go to dresser 1]\n"
+        "Observation: You arrive at dresser 1. On the dresser 1, you see a book 2, a keychain 2, and a mug 1.\n"
+        "Thought: I take the keychain.\nAction: ALFWorld[take keychain 2 from dresser 1]\n"
+        "Observation: You pick up the keychain 2 from the dresser 1.\n"
+        "Thought: Now I bring it to the armchair.\nAction: ALFWorld[go to armchair 1]\n"
+        "Observation: You arrive at armchair 1. On the armchair 1, you see a remotecontrol 1.\n"
+        "Action: ALFWorld[move keychain 2 to armchair 1]\n"
+        "Observation: You move the keychain 2 to the armchair 1. You won!\nAnswer: I won: the keychain is in the armchair.",
     ),
     "Image": (
         "Draw a cat on a sofa.",

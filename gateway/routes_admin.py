@@ -48,7 +48,7 @@ async def metrics(request: web.Request) -> web.Response:
     gw = gw_of(request)
     if gw.ready.is_set():
         gw.metrics.refresh(await gw.engine.stats(), gw.session_states())
-    return web.Response(body=gw.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
+    return web.Response(body=gw.metrics.render(with_vllm=gw.engine_config.log_stats), headers={"Content-Type": CONTENT_TYPE})
 
 
 @routes.get("/v1/stats")

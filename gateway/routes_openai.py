@@ -189,6 +189,8 @@ async def _complete(gw: Gateway, s: AgentSession) -> web.Response:
             parts.append(data["text"])
         elif name == "tool_result":
             parts.append(PromptBuilder.observation(data["content"]))
+        elif name == "reprompt":
+            parts.append(data["text"])
         elif name == "error":
             return error_response(error_status(data), data.get("type", "error"), data.get("message", ""))
         elif name == "done":
@@ -225,10 +227,10 @@ async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.Str
             if name == "token":
                 parts.append(data["text"])
                 await chunk({"content": data["text"]})
-            elif name == "tool_result":
-                obs = PromptBuilder.observation(data["content"])
-                parts.append(obs)
-                await chunk({"content": obs})
+            elif name in ("tool_result", "reprompt"):
+                text = PromptBuilder.observation(data["content"]) if name == "tool_result" else data["text"]
+                parts.append(text)
+                await chunk({"content": text})
             elif name in ("intercept", "resume", "tool_call"):
                 # An extension event (ignored by OpenAI clients): what the engine did with the call.
                 await sse.send(None, {**base, "choices": [], "infercept": {"event": name, **data}})

@@ -148,7 +148,10 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     if not content.strip():
         raise ApiError(400, "invalid_request", "'content' is empty")
     stream = field(body, "stream", bool, default=True)
-    return await respond(request, gw, s.send_message(content, parse_tool_choice(body)), stream, "messages")
+    step_format = field(body, "format", str, default="free")
+    if step_format not in ("free", "react"):
+        raise ApiError(400, "invalid_request", "'format' must be free or react")
+    return await respond(request, gw, s.send_message(content, parse_tool_choice(body), step_format), stream, "messages")
 
 
 @routes.post("/v1/sessions/{sid}/tool_results")

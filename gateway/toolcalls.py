@@ -60,6 +60,18 @@ def json_args_to_text(args: str) -> str:
     return obj if isinstance(obj, str) else json.dumps(obj)
 
 
+def react_step_regex(tools: Sequence[str]) -> str:
+    """One ReAct step, nothing else: a thought, then a call of one of `tools` or the answer. Used as the
+    structured output of every model turn of a message that asks for `format: react`, so the model can
+    neither invent an observation nor drift out of the format."""
+    line = r"[^\n]{1,200}"
+    answer = rf"Answer: {line}"
+    if not tools:
+        return rf"Thought: {line}\n{answer}"
+    alts = "|".join(re.escape(n) for n in tools)
+    return rf"Thought: {line}\n(Action: ({alts})\[[^\n\]\[]{{1,200}}\]|{answer})"
+
+
 def choice_regex(tool_choice: ToolChoice, tools: Sequence[str]) -> str | None:
     """The structured-output regex that enforces `tool_choice` on a message's first model turn:
     `auto` none; `required` a ReAct step calling one of `tools`; {"name": X} a step calling X; `none` a

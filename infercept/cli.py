@@ -158,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--out", help="default: configs/profiles/<model>-<device>.json (the engine loads it)")
     prof.set_defaults(func=_cmd_profile)
 
+    tools = sub.add_parser("tools", help="list the tools, or run one alone (no model) and print its observation as JSON")
+    tsub = tools.add_subparsers(dest="tools_cmd", required=True)
+    tlist = tsub.add_parser("list", help="the tools, their types and settings")
+    tlist.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    trun = tsub.add_parser("run", help="run one tool: infercept tools run calculator '29*13'")
+    trun.add_argument("name", help="a tool's name or config key (calculator, Wikipedia, alfworld, image, tts, ...)")
+    trun.add_argument("arguments", help="the argument text the model would write between the brackets")
+    trun.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one of the tool's settings (repeatable)")
+    trun.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    trun.add_argument("--session", default="cli", help="session id (tools with per-session state, e.g. ALFWorld)")
+    trun.add_argument("--out-dir", default="tool-output", help="where artifacts (images, audio) are written")
+    tools.set_defaults(func=_cmd_tools)
+
     bench = sub.add_parser("bench-overhead", help="stock vLLM vs the intercept engine, no intercepts")
     bench.add_argument("--model", default="default")
     bench.add_argument("--dtype", default="auto", help="auto: bfloat16 where the device computes it natively, else float32")
@@ -182,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--out", default="results/bench")
     bench.set_defaults(func=_cmd_bench)
     return p
+
+
+def _cmd_tools(args: argparse.Namespace) -> int:
+    from infercept.tools_cmd import main as tools_main
+
+    return tools_main(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

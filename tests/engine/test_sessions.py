@@ -80,3 +80,21 @@ async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: Intercep
     after = (await engine.stats()).steps
     assert after - before <= 1, f"{after - before} empty steps while only a freed pause existed"
     await s.close()
+
+
+async def test_a_model_written_observation_ends_the_turn(policy_engine: InterceptEngine) -> None:
+    """Only tools write observations: the engine stops the turn at the token that completes a
+    model-written "Observation:" (the `observation` trigger), with nothing sampled past it."""
+    engine = policy_engine
+    if engine.config.policy != "preserve":
+        pytest.skip("the trigger is the same under every policy")
+    s = engine.open_session(max_tokens=40)
+    end = None
+    async for ev in s.turn(engine.encode("Question: 2+2?\n"), regex=r"Thought: add\nObservation: [a-z]{10}"):
+        if isinstance(ev, TurnEnd):
+            end = ev
+    assert end is not None and end.reason == "tool_call" and end.call is not None
+    assert end.call.trigger == "observation" and end.call.tool is None
+    assert end.text == "Thought: add\nObservation:"
+    assert end.intercept is not None and end.intercept.trigger == "observation"
+    await s.close()

@@ -87,6 +87,6 @@ async def running_gateway(gw: Gateway, api_key: str | None = None) -> AsyncItera
 @pytest_asyncio.fixture(scope="package")
 async def served() -> AsyncIterator[Served]:
     # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions.
-    cfg = tiny_config("infercept", num_kv_blocks=200, max_model_len=2048, max_num_seqs=8)
+    cfg = tiny_config("infercept", num_kv_blocks=200, max_model_len=2048, max_num_seqs=8, log_stats=True)
     async with running_gateway(Gateway(cfg, gateway_config()), api_key=API_KEY) as s:
         yield s

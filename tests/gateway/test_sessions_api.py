@@ -363,6 +363,12 @@ async def test_metrics_move_with_intercepts(served: Served, sessions: list[Sessi
     assert value(after, "infercept_sessions", state="awaiting_user") >= 1
     for name in ("infercept_memory_waste_gb_minutes", "infercept_swap_bytes", "infercept_recomputed_tokens"):
         assert name in after
+    # vLLM's own families beside ours, so vLLM dashboards work unchanged.
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:inter_token_latency_seconds_count"):
+        assert re.search(rf"^{re.escape(name)}{{", after, re.M), name
+    assert value(after, "vllm:time_to_first_token_seconds_count") > value(before, "vllm:time_to_first_token_seconds_count")
+    assert value(after, "vllm:generation_tokens_total") > value(before, "vllm:generation_tokens_total")
 
 
 async def test_json_tool_calls_use_vllms_hermes_parser(served: Served) -> None:
@@ -386,3 +392,25 @@ async def test_sync_client(served: Served) -> None:
 
     seq = await asyncio.to_thread(run)
     assert "tool_call" in seq and "tool_result" in seq and seq[-1] == "done"
+
+
+async def test_format_react_constrains_every_turn_to_one_step(served: Served, sessions: list[SessionRef]) -> None:
+    """`format: react`: every model turn is one ReAct step (structured outputs), so even the random
+    model writes a well-formed step each turn and never an observation of its own."""
+    c = served.client
+    s = await new(served, sessions, tools=["calculator"], max_tokens=64)
+    events = await collect(c.stream_message(s, "What is 3 times 4?", step_format="react"))
+    assert events[-1].name == "done" and events[-1]["reprompts"] == 0
+    turns, text = [], ""
+    for ev in events:
+        if ev.name == "token":
+            text += ev["text"]
+        elif ev.name in ("tool_call", "done"):
+            turns.append(text)
+            text = ""
+    step = re.compile(r"Thought: [^\n]{1,200}\n(Action: Calculator\[[^\n\]\[]{1,200}\]|Answer: [^\n]{1,200})")
+    assert turns and all(step.fullmatch(t) for t in turns), turns
+    assert "Observation:" not in "".join(turns)
+    r = await c.http.post(f"/v1/sessions/{s.id}/messages", json={"content": "x", "format": "json"},
+                          headers={"X-Session-Token": s.token})
+    assert r.status_code == 400 and "format" in r.json()["error"]["message"]

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from openai import AsyncOpenAI
 
+from augmentations.calculator import Calculator
+from augmentations.registry import Registry
+from gateway.calls import run_server_tool
+
 from gateway.client import AsyncClient, Event
 
 
@@ -39,3 +43,30 @@ async def test_official_openai_client_with_a_server_tool(default_url: str) -> No
     assert "Action: Calculator[29*13]\nObservation: 377\n" in (msg.content or "")
     assert r.model_extra["infercept"]["reply"] == "377"  # type: ignore[index]
     assert r.model_extra["infercept"]["intercepts"][0]["type"] == "math"  # type: ignore[index]
+
+
+async def test_the_model_never_supplies_its_own_observation(default_url: str) -> None:
+    """A question this model answers by writing "Observation: 23 boxes * 19 pens = 429 pens" itself when
+    nothing stops it (it is 437). Whatever it writes now, a model-written "Observation:" ends its turn
+    at once (nothing more of it is generated), and the gateway re-prompts or answers with what came
+    before; only the calculator's results follow an "Observation:" as observations."""
+    async with AsyncClient(default_url) as c:
+        s = await c.create_session(tools=["calculator"])
+        events = [ev async for ev in c.stream_message(s, "A shop sells 23 boxes of 19 pens. How many pens?")]
+        model, after_model = "", []
+        for ev in events:
+            if ev.name == "token":
+                model += ev["text"]
+            else:
+                if model.rstrip().endswith("Observation:"):
+                    after_model.append(ev.name)  # what followed a model-written "Observation:"
+                model = ""
+        assert events[-1].name == "done"
+        assert all(name in ("reprompt", "done") for name in after_model), after_model
+        assert events[-1]["reprompts"] == sum(1 for ev in events if ev.name == "reprompt")
+        calls = {ev["call_id"]: ev["arguments"] for ev in events if ev.name == "tool_call"}
+        for ev in events:
+            if ev.name == "tool_result":  # observations are the calculator's own results for the call
+                expected = await run_server_tool(Registry([Calculator()]), "Calculator", calls[ev["call_id"]], "t", 5.0)
+                assert ev["content"] == expected.content
+        await c.close_session(s)
