@@ -67,6 +67,7 @@ class InterceptScheduler(Scheduler):
                                          window_tokens=cfg.trigger_window_tokens)
         self.ic_turn_end_type = cfg.turn_end_type
         self._ic_step_started: float | None = None
+        self._ic_engine_budget = self.max_num_scheduled_tokens  # max_num_batched_tokens: a policy's cap stays within it
         logger.info("InferCept scheduler: policy=%s triggers=%s", cfg.policy, [t.name for t in cfg.triggers])
 
     # ------------------------------------------------------------------ triggers
@@ -168,7 +169,7 @@ class InterceptScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
         budget = self.ic.before_schedule(self.ic_port.step_view, time.monotonic())
         if budget is not None:
-            self.max_num_scheduled_tokens = budget
+            self.max_num_scheduled_tokens = min(budget, self._ic_engine_budget)
         out = super().schedule(*args, **kwargs)
         self.ic.scheduled(((r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs),
                           out.total_num_scheduled_tokens)
@@ -194,7 +195,8 @@ class InterceptScheduler(Scheduler):
     def infercept_stats(self) -> dict[str, Any]:
         counts = self.ic_port.block_counts(self.ic.paused_ids(on_device=True))
         waiting = len(self.waiting) + len(self.kv_holding_waiting)
-        return to_dict(engine_stats(self.ic, counts, running=len(self.running), waiting=waiting, now=time.monotonic()))
+        return to_dict(engine_stats(self.ic, counts, running=len(self.running), waiting=waiting, now=time.monotonic(),
+                                    token_budget=self._ic_engine_budget))
 
     def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.ic.records(session_id)]

@@ -20,6 +20,8 @@ def parser(description: str) -> argparse.ArgumentParser:
     p.add_argument("--url", default=DEFAULT_URL, help=f"the gateway (default {DEFAULT_URL})")
     p.add_argument("--api-key", default=os.environ.get("INFERCEPT_API_KEY"))
     p.add_argument("--quiet", action="store_true", help="print answers only, not the trace")
+    p.add_argument("--format", default=None, choices=("free", "react"),
+                   help="react: every model turn constrained to one ReAct step (structured outputs)")
     return p
 
 
@@ -31,11 +33,14 @@ def connect(args: argparse.Namespace) -> Client:
 
 def show(events: Iterable[Event], quiet: bool = False) -> Event:
     """Print the agent's trace as it streams (thoughts, tool calls, the engine's policy, results);
-    return the final done/error event."""
+    return the final done/error event, with `model_observations`: how many times the model itself wrote
+    "Observation:" (only tools should: the gateway stops and re-prompts it there)."""
     last = Event("error", {"message": "stream ended early"})
     at_line_start = True
+    model_text: list[str] = []
     for ev in events:
         if ev.name == "token":
+            model_text.append(ev["text"])
             if not quiet:
                 print(ev["text"], end="", flush=True)
                 at_line_start = ev["text"].endswith("\n")
@@ -57,8 +62,11 @@ def show(events: Iterable[Event], quiet: bool = False) -> Event:
             print(f"  [resume] restored_by={ev['restored_by']} recomputed={ev['tokens_recomputed']} swapped_in={ev['tokens_swapped_in']}")
         elif ev.name == "done":
             print(f"  [done] state={ev['state']} finish={ev['finish_reason']} reply={ev['reply']!r}")
+        elif ev.name == "reprompt":
+            print(f"  [reprompt] the model began an observation itself; the gateway appended {ev['text']!r}")
         elif ev.name == "error":
             print(f"  [error] {ev.data}")
         if ev.terminal:
             last = ev
+    last.data["model_observations"] = "".join(model_text).count("Observation:")
     return last

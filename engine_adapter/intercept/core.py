@@ -204,7 +204,7 @@ class InterceptCore:
             self._plan_swaps(view, now)
         if self.spec.chunk_at_saturation:
             # Chunked recompute (and prefill): fill each iteration up to S and no further; past S more
-            # tokens only lengthen the iteration (paper Sec. 4.3).
+            # tokens only lengthen the iteration (paper Sec. 4.3). Never above the engine's own budget.
             return max(self.profile.saturation_tokens, view.get().running_requests + 1)
         return None
 

@@ -111,6 +111,7 @@ class EngineStats:
     waiting: int  # waiting requests that are not paused sessions
     engine_time_s: float
     steps: int  # steps the scheduler built, empty ones included
+    token_budget: int  # the engine's per-iteration token budget (max_num_batched_tokens)
     waste: WasteReport
     profile: ProfileReport
     swap: SwapReport | None = None
@@ -128,7 +129,8 @@ class Integrity:
 
 
 # ---------------------------------------------------------------------- built from the core's state
-def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, waiting: int, now: float) -> EngineStats:
+def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, waiting: int, now: float,
+                 token_budget: int) -> EngineStats:
     totals = core.ledger.totals_at(now)
     paused = [e for e in core.entries.values() if e.state.paused]
     swapped = sum(len(e.host.slots) for e in paused if e.host and e.state is KvState.SWAPPED)
@@ -137,7 +139,7 @@ def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, wait
         policy=core.spec.name, block_size=core.block_size,
         blocks=BlockReport(**counts.to_dict(), swapped_to_host=swapped), totals=totals,
         paused=len(paused), paused_preserved=sum(e.state.on_device for e in paused), running=running,
-        waiting=waiting - len(paused), engine_time_s=now, steps=core.steps,
+        waiting=waiting - len(paused), engine_time_s=now, steps=core.steps, token_budget=token_budget,
         waste=core.meter.report(totals.preserved_token_seconds),
         profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
                               {str(k): v for k, v in prof.refinement().items()}),

@@ -150,3 +150,19 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
 def min_waste(inp: DecisionInput) -> StepDecision:
     """The InferCept policy's decision function (Eq. 2, 4, 5 with the swap budget of Sec. 4.2)."""
     return infercept_plan(paused_costs(inp), inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks)
+
+
+def swap_long_calls(inp: DecisionInput) -> StepDecision:
+    """The paper's preserve heuristic with budgeted swap (an ablation step before min-waste): keep the
+    KV of calls expected back before a copy out and in could finish, swap the others within the swap
+    budget (largest first), and never discard by choice."""
+    costs = [c for c in paused_costs(inp) if c.swap_worthwhile]
+    budget, host, swap = inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks, []
+    first = True
+    for c in sorted(costs, key=lambda c: c.context_blocks, reverse=True):
+        if c.context_blocks <= host and (c.context_blocks <= budget or (first and budget > 0)):
+            swap.append(c.request_id)
+            budget -= min(budget, c.context_blocks)
+            host -= c.context_blocks
+            first = False
+    return StepDecision(swap_out=swap)

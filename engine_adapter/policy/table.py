@@ -3,15 +3,22 @@
 Adding a policy is adding an entry here: the engine's config, the command line, the benchmark and
 the README's table read the names, summaries and flags from this table.
 
-| policy            | KV at the pause      | afterwards                              | resume queued by   | prefix cache |
-|-------------------|----------------------|-----------------------------------------|--------------------|--------------|
-| discard           | freed                |                                         | new arrival (back) | off          |
-| vllm-apc          | freed                |                                         | new arrival (back) | on           |
-| improved-discard  | freed                |                                         | original arrival   | off          |
-| preserve          | kept                 |                                         | original arrival   | off          |
-| ttl               | kept                 | freed after ttl_s[type]                 | original arrival   | off          |
-| swap              | copied to host       | device copy freed once the copy is done | original arrival   | off          |
-| infercept         | kept                 | per iteration: swap / discard / keep    | original arrival   | off          |
+| policy            | KV at the pause  | afterwards                                 | resume queued by   | prefix cache | iterations |
+|-------------------|------------------|--------------------------------------------|--------------------|--------------|------------|
+| discard           | freed            |                                            | new arrival (back) | off          | budget     |
+| vllm-apc          | freed            |                                            | new arrival (back) | on           | budget     |
+| preserve          | kept             |                                            | original arrival   | off          | budget     |
+| ttl               | kept             | freed after ttl_s[type]                    | original arrival   | off          | budget     |
+| improved-discard  | freed            |                                            | original arrival   | off          | budget     |
+| chunked-discard   | freed            |                                            | original arrival   | off          | <= S       |
+| swap              | copied to host   | device copy freed once the copy is done    | original arrival   | off          | <= S       |
+| swap-heuristic    | kept             | swapped when the call outlasts a copy      | original arrival   | off          | <= S       |
+| infercept-paper   | kept             | per iteration: swap / discard / keep       | original arrival   | off          | <= S       |
+| infercept         | kept             | per iteration: swap / discard / keep       | original arrival   | off          | <= S       |
+
+"budget" is the engine's per-iteration token budget (`max_num_batched_tokens`, the same for every policy
+in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
+recomputation proceeds in S-sized chunks (a no-op when the budget already is S).
 
 Whatever the policy, preserved KV is given back under memory pressure (`decide.demotion_order`).
 """
@@ -22,7 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from engine_adapter.policy.decide import DecisionInput, StepDecision, min_waste, ttl_for
+from engine_adapter.policy.decide import DecisionInput, StepDecision, min_waste, swap_long_calls, ttl_for
 
 
 class Action(str, Enum):
@@ -68,18 +75,26 @@ DEFAULT_TTL_S: Mapping[str, float] = {
 }
 
 POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
+    # Baselines.
     PolicySpec("discard", "free the KV at every pause; the resume recomputes it at the back of the queue (vLLM as the paper measured)",
                Action.DISCARD, keep_arrival_time=False),
     PolicySpec("vllm-apc", "free the KV at every pause; freed blocks stay hittable in the prefix cache (today's vLLM)",
                Action.DISCARD, keep_arrival_time=False, prefix_caching=True),
-    PolicySpec("improved-discard", "free the KV at every pause; the resume recomputes it in its original queue place",
-               Action.DISCARD),
     PolicySpec("preserve", "keep the KV in the cache during every call", Action.PRESERVE),
     PolicySpec("ttl", "keep the KV for a per-type time-to-live (engine.ttl_s), then free it (Continuum-style)",
                Action.PRESERVE, ttl=True),
-    PolicySpec("swap", "copy the KV to host memory at every pause, within each iteration's swap budget; copy it back at the resume",
-               Action.SWAP, swap=True),
-    PolicySpec("infercept", "per iteration, the paper's min-waste choice: swap the worst within the swap budget, preserve or discard the rest",
+    # The paper's ablation (Fig. 3), each step adding one technique to the one before.
+    PolicySpec("improved-discard", "free the KV at every pause; the resume recomputes it in its original queue place",
+               Action.DISCARD),
+    PolicySpec("chunked-discard", "improved-discard, recomputing in chunks of the saturation point S (iterations capped at S)",
+               Action.DISCARD, chunk_at_saturation=True),
+    PolicySpec("swap", "copy the KV to host memory at every pause within each iteration's swap budget (full host: discard); recompute in S chunks",
+               Action.SWAP, swap=True, chunk_at_saturation=True),
+    PolicySpec("swap-heuristic", "swap, but keep the KV of calls expected back before a copy out and in could finish (paper's elapsed-time estimate)",
+               Action.PRESERVE, swap=True, decide=swap_long_calls, chunk_at_saturation=True, estimator="dynamic"),
+    PolicySpec("infercept-paper", "per iteration, the paper's min-waste choice (Eq. 2, 4, 5) with its elapsed-time estimate of the call's remaining time",
+               Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online)",
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)

@@ -19,24 +19,32 @@ def test_quick_bench_writes_complete_results(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "max rate@SLO" in proc.stdout
     d = json.loads((tmp_path / "bench.json").read_text())
-    policies = ["discard", "vllm-apc", "infercept", "no-intercept-limit"]
-    assert d["policies"] == policies and d["workload"] == "mixed"
-    for key in ("command", "commit", "machine", "setting", "slo", "headline", "results", "requests_per_rate", "engines"):
+    policies = ["discard", "vllm-apc", "infercept", "unlimited-kv"]
+    assert d["policies"] == policies and d["workload"] == "mixed" and d["seeds"] == [1]
+    for key in ("command", "commit", "machine", "setting", "slo", "headline", "results", "requests_per_rate", "engines",
+                "token_budget", "baselines_tuned", "bound_violations"):
         assert key in d, key
     assert d["command"].startswith("infercept bench --quick")
-    assert d["setting"]["model"] == "tiny" and d["setting"]["kv_capacity_tokens"] > 0
+    assert d["setting"]["model"] == "tiny" and d["setting"]["kv_tokens"] > 0
+    # One token budget for all (the profile's S), and the bound's KV holds every context at once.
+    budget = d["setting"]["profile_data"]["saturation_tokens"]
+    assert d["token_budget"] == {p: budget for p in policies} and d["baselines_tuned"] is False
+    assert d["engines"]["unlimited-kv"]["kv_blocks"] * 32 >= d["setting"]["unlimited_kv_tokens"] > d["setting"]["kv_tokens"]
+    assert d["slo"]["reference"].startswith("unlimited-kv engine")
     for p in policies:
         h = d["headline"][p]
-        assert set(h) >= {"max_rate_at_slo", "ratio_vs_discard", "ratio_vs_vllm-apc", "ratio_vs_bound"}
-        (run,) = d["results"][p].values()
+        assert set(h) >= {"max_rate_at_slo", "max_rate_min", "max_rate_max", "ratio_vs_discard", "ratio_vs_vllm-apc",
+                          "ratio_vs_ttl", "ratio_vs_bound", "waste_share_at_slo_rate", "jct_mean_s"}
+        (run,) = d["results"][p]["1"].values()
         # Every request is accounted for exactly once: finished, failed, or still running at the cutoff.
         assert run["requests"] > 0 and run["completed"] + run["timed_out"] + run["failed"] == run["requests"]
         assert run["failed"] == 0, run["errors"]
         assert run["kv_integrity_after"]["free"] == run["kv_integrity_after"]["total"]  # nothing leaked
-        for k in ("normalized_latency_s", "ttft_s", "throughput_rps", "waste", "waste_share_of_capacity_time",
+        for k in ("normalized_latency_s", "jct_s", "ttft_s", "throughput_rps", "waste", "waste_share_of_capacity_time",
                   "recompute_share_of_forward", "swap_stall_s"):
             assert k in run
+        assert run["capacity_tokens"] == d["setting"]["kv_tokens"]  # one denominator for every policy
         assert set(run["waste"]) == {"preserved_idle", "recompute", "swap_stall"}
     for png in d["plots"]:
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert {"fig2_latency_vs_rate.png", "fig3_ablation.png"} <= set(d["plots"])
+    assert d["plots"] == ["fig2_latency_vs_rate.png"]  # the ablation figure needs --ablation

@@ -6,7 +6,8 @@ import statistics
 
 import pytest
 
-from benchmarks.runner import VARIANTS, headline, max_rate_at_slo
+from benchmarks.metrics import Outcome, bound_violations, headline, max_rate_at_slo, summarize
+from benchmarks.replay import ABLATION, VARIANTS
 from benchmarks.workload import ShareGPT, generate, load_table1
 
 
@@ -52,22 +53,57 @@ def test_max_rate_at_slo_interpolates_and_flags_censoring() -> None:
     assert max_rate_at_slo([(1, 1.0), (2, None)], slo=6.0) == (1, False)
 
 
-def test_headline_ratios() -> None:
+def test_headline_over_seeds_ratios_and_the_bound() -> None:
     def runs(*pts: tuple[float, float]) -> dict:
-        return {f"{r:g}": {"rate": r, "normalized_latency_s": {"median": m}} for r, m in pts}
+        return {f"{r:g}": {"rate": r, "normalized_latency_s": {"median": m}, "waste_share_of_capacity_time": 0.01,
+                           "jct_s": {"mean": 5.0, "p90": 9.0}, "requests": 10, "completed": 10, "failed": 0}
+                for r, m in pts}
 
     per = {
-        "no-intercept-limit": runs((1, 0.01), (2, 0.012), (4, 0.02)),
-        "discard": runs((1, 0.02), (2, 0.08), (4, 0.5)),
-        "vllm-apc": runs((1, 0.015), (2, 0.03), (4, 0.2)),
-        "infercept": runs((1, 0.012), (2, 0.02), (4, 0.04)),
+        "unlimited-kv": {1: runs((1, 0.01), (2, 0.012), (4, 0.02)), 2: runs((1, 0.01), (2, 0.012), (4, 0.02))},
+        "discard": {1: runs((1, 0.02), (2, 0.08), (4, 0.5)), 2: runs((1, 0.02), (2, 0.04), (4, 0.5))},
+        "vllm-apc": {1: runs((1, 0.015), (2, 0.03), (4, 0.2)), 2: runs((1, 0.015), (2, 0.03), (4, 0.2))},
+        "ttl": {1: runs((1, 0.012), (2, 0.03), (4, 0.2)), 2: runs((1, 0.012), (2, 0.03), (4, 0.2))},
+        "infercept": {1: runs((1, 0.012), (2, 0.02), (4, 0.04)), 2: runs((1, 0.012), (2, 0.02), (4, 0.06))},
     }
-    head, slo = headline(per, 5.0)
-    assert slo["slo_normalized_latency_s"] == pytest.approx(0.05)  # no unloaded run: the bound's lowest rate
-    assert headline(per, 5.0, {"median_s": 0.004, "requests": 10})[1]["slo_normalized_latency_s"] == pytest.approx(0.02)
-    assert head["discard"]["max_rate_at_slo"] == pytest.approx(1.5)
-    assert head["infercept"]["censored"] and head["infercept"]["max_rate_at_slo"] == 4
-    assert head["infercept"]["ratio_vs_discard"] == pytest.approx(4 / 1.5)
-    assert set(head["infercept"]) >= {"max_rate_at_slo", "ratio_vs_discard", "ratio_vs_vllm-apc", "ratio_vs_bound"}
-    assert set(VARIANTS) >= {"discard", "vllm-apc", "improved-discard", "preserve", "swap", "ttl", "infercept",
-                             "infercept-paper", "oracle-duration", "no-intercept-limit"}
+    head = headline(per, slo_s=0.05)
+    # discard: seed 1 crosses between 1 (0.02) and 2 (0.08) at 1.5; seed 2 between 2 (0.04) and 4 (0.5).
+    assert head["discard"]["max_rate_by_seed"] == {"1": pytest.approx(1.5), "2": pytest.approx(2 + 2 * 0.01 / 0.46)}
+    assert head["discard"]["max_rate_min"] == pytest.approx(1.5)
+    assert head["discard"]["max_rate_at_slo"] == pytest.approx((1.5 + 2 + 2 * 0.01 / 0.46) / 2)  # median of two
+    # infercept: seed 1 meets the SLO at every rate (censored at 4); seed 2 crosses at 2 + 2 * 0.03 / 0.04.
+    assert head["infercept"]["censored"] and head["infercept"]["max_rate_at_slo"] == pytest.approx((4 + 3.5) / 2)
+    assert head["infercept"]["ratio_vs_discard"] == pytest.approx(3.75 / head["discard"]["max_rate_at_slo"])
+    assert head["infercept"]["ratio_vs_bound"] == pytest.approx(3.75 / 4)
+    assert set(head["infercept"]) >= {"max_rate_at_slo", "max_rate_min", "max_rate_max", "ratio_vs_discard",
+                                      "ratio_vs_vllm-apc", "ratio_vs_ttl", "ratio_vs_bound", "waste_share_at_slo_rate",
+                                      "jct_mean_s"}
+    assert bound_violations(head) == []
+    per["infercept"] = {1: runs((1, 0.001), (8, 0.002))}
+    assert bound_violations(headline(per, slo_s=0.05)) == ["infercept"]  # beats the bound: the bench is wrong
+
+
+def test_summary_accounts_for_every_request_and_one_denominator() -> None:
+    stats0 = {"waste": {"by_kind": {k: {"token_s": 0.0, "gb_min": 0.0} for k in ("preserved_idle", "recompute", "swap_stall")},
+                        "forward_s": 0.0, "recompute_forward_s": 0.0, "swap_stall_s": 0.0}, "totals": {}}
+    stats1 = {"waste": {"by_kind": {"preserved_idle": {"token_s": 100.0, "gb_min": 1.0}, "recompute": {"token_s": 50.0, "gb_min": 0.5},
+                                    "swap_stall": {"token_s": 0.0, "gb_min": 0.0}},
+                        "forward_s": 2.0, "recompute_forward_s": 0.5, "swap_stall_s": 0.0}, "totals": {"intercepts": 3}}
+    outs = [Outcome(0, "qa", 0.0, end_s=3.0, call_s=1.0, output_tokens=20), Outcome(1, "qa", 1.0, output_tokens=10),
+            Outcome(2, "qa", 2.0, error="boom")]
+    out = summarize(outs, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)
+    assert (out["requests"], out["completed"], out["failed"]) == (3, 1, 1)
+    # The unfinished one counts with a lower bound: (6 - 1 - 0) / 10 = 0.5 s/token; the finished 2/20.
+    assert out["normalized_latency_s"]["median"] == pytest.approx((0.1 + 0.5) / 2)
+    assert out["jct_s"]["mean"] == pytest.approx((3.0 + 5.0) / 2)
+    assert out["waste_share_of_capacity_time"] == pytest.approx(150 / (1000 * 10))
+    assert out["recompute_share_of_forward"] == pytest.approx(0.25) and out["intercepts"] == 3
+
+
+def test_variants_cover_every_policy_the_bound_and_the_ablation() -> None:
+    from engine_adapter.policy import POLICY_NAMES
+
+    assert set(VARIANTS) == set(POLICY_NAMES) | {"oracle-duration", "unlimited-kv"}
+    assert VARIANTS["unlimited-kv"].policy == "preserve" and VARIANTS["unlimited-kv"].unlimited_kv
+    assert [label for _, label in ABLATION] == ["improved-discard", "chunked-discard", "swap", "swap-heuristic",
+                                                "infercept-paper", "infercept"]

@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_shipped_config_loads_and_round_trips_to_the_core() -> None:
     cfg = load_engine_config(str(REPO / "configs" / "default.yaml"), policy="ttl", model=None)
     assert cfg.policy == "ttl" and cfg.model == "default"  # flag wins, None is ignored
-    assert [t.name for t in cfg.triggers] == ["react", "tool_call"]
+    assert [t.name for t in cfg.triggers] == ["react", "tool_call", "observation"]
     assert cfg.ttl_s["image"] == 0.0
     core = CoreConfig.from_additional_config({"infercept": cfg.core_config()})
     assert core.policy == "ttl" and core.triggers[0] == REACT and core.ttl_s == dict(cfg.ttl_s)

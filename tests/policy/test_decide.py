@@ -28,7 +28,10 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
         ("improved-discard", Action.DISCARD, True, False, False),
         ("preserve", Action.PRESERVE, True, False, False),
         ("ttl", Action.PRESERVE, True, False, False),
+        ("chunked-discard", Action.DISCARD, True, False, False),
         ("swap", Action.SWAP, True, False, True),
+        ("swap-heuristic", Action.PRESERVE, True, False, True),  # swapped per iteration when the call is long
+        ("infercept-paper", Action.PRESERVE, True, False, True),
         ("infercept", Action.PRESERVE, True, False, True),  # decided per iteration afterwards
     ],
 )
@@ -36,7 +39,12 @@ def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool,
     spec = policy_spec(name)
     assert pause_action(spec, "math", DEFAULT_TTL_S) is action
     assert (spec.keep_arrival_time, spec.prefix_caching, spec.swap) == (keeps_arrival, apc, swap)
-    assert spec.summary and (spec.decide is not None) == (name == "infercept")
+    assert spec.summary and (spec.decide is not None) == (name in ("swap-heuristic", "infercept-paper", "infercept"))
+    # The ablation adds one technique per step: chunking from chunked-discard on, the paper's estimate
+    # until the last step.
+    chunked = ("chunked-discard", "swap", "swap-heuristic", "infercept-paper", "infercept")
+    assert spec.chunk_at_saturation == (name in chunked)
+    assert spec.estimator == ("dynamic" if name in ("swap-heuristic", "infercept-paper") else None)
 
 
 def test_ttl_expiry_per_type() -> None:
@@ -64,4 +72,5 @@ def test_unknown_policy_and_names() -> None:
     with pytest.raises(ValueError, match="unknown policy 'lru'; choose one of discard, "):
         policy_spec("lru")
     assert set(POLICY_NAMES) == set(POLICIES) == {
-        "discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept"}
+        "discard", "vllm-apc", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
+        "infercept-paper", "infercept"}

@@ -1,0 +1,179 @@
+"""Replaying the workload through the engine: the setting, the variants (a policy, or a policy with a
+benchmark-only twist), and one engine's run over a set of rates.
+
+Each request runs through the same path the gateway uses: a session whose turns end at the workload's
+decode lengths (EOS ignored) and pause inside vLLM as an intercept of the request's augmentation type
+(the `__turn_end__` hint), a replay executor that sleeps the sampled call duration (x the time scale),
+and a resume with the sampled number of returned tokens.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from benchmarks.metrics import BOUND, Outcome, pct, summarize
+from benchmarks.workload import Request, load_table1, random_tokens
+from engine_adapter.policy.table import DEFAULT_TTL_S, POLICY_NAMES
+
+REPO = Path(__file__).resolve().parent.parent
+TABLE1 = load_table1()
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str  # as on the command line
+    policy: str  # the engine policy
+    estimator: str | None = None  # engine estimator override (None: the policy's, else the engine default)
+    oracle: bool = False  # tag each pause with its true duration
+    unlimited_kv: bool = False  # the bound: KV for every context at once
+    zero_calls: bool = False  # calls take no time (the SLO's unloaded reference)
+
+
+VARIANTS: dict[str, Variant] = {name: Variant(name, name) for name in POLICY_NAMES} | {
+    "oracle-duration": Variant("oracle-duration", "infercept", estimator="oracle", oracle=True),
+    BOUND: Variant(BOUND, "preserve", unlimited_kv=True),
+}
+# Policies a user of vLLM would tune (--tune-baselines): everything that is not InferCept's, and the bound.
+BASELINES = ("discard", "vllm-apc", "preserve", "ttl", "improved-discard", BOUND)
+ABLATION = (("improved-discard", "improved-discard"), ("+ chunked recompute at S", "chunked-discard"),
+            ("+ budgeted swap", "swap"), ("+ preserve heuristic", "swap-heuristic"),
+            ("+ min-waste (paper estimate)", "infercept-paper"), ("+ our estimator", "infercept"))
+
+
+@dataclass
+class Setting:
+    model: str = "tiny"
+    dtype: str = "float32"
+    block_size: int = 32
+    kv_tokens: int = 24576
+    max_model_len: int = 4096
+    max_num_seqs: int = 64
+    swap_space_gib: float = 1.0
+    swap_link_gbps: float | None = 0.25
+    time_scale: float = 0.1
+    context_scale: float = 1.0
+    max_context: int = 3500
+    drain_s: float = 45.0  # after the last arrival, wait at most this long for requests to finish
+    priors_path: str | None = None  # Table 1 with durations scaled by time_scale (written by the runner)
+    # The tiny model's profile measured on the bench machine (T_fwd grid, S, M): infercept's equations use it.
+    profile: str | None = str(REPO / "configs" / "profiles" / "tiny-cpu-bench.json")
+    unlimited_kv_tokens: int = 0  # the bound's KV: enough for every request's context at once (set by the runner)
+    kv_bytes_per_token: int = 1024  # M of the model (the profile's): sizes the KV memory vLLM reserves
+
+    def engine_config(self, v: Variant, token_budget: int | None) -> Any:
+        from engine_adapter.config import EngineConfig
+
+        tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
+        return EngineConfig(
+            model=self.model, policy=v.policy, dtype=self.dtype, block_size=self.block_size,
+            num_kv_blocks=tokens // self.block_size + 1, max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=token_budget, swap_space_gib=self.swap_space_gib,
+            swap_link_gbps=self.swap_link_gbps, estimator=v.estimator or "prior",
+            kv_cache_gib=max(1.0, math.ceil(tokens * self.kv_bytes_per_token * 1.1 / 2**30)),
+            augmentation_priors=self.priors_path, profile=self.profile if self.model == "tiny" else None,
+            # Continuum-style TTLs are set from call durations: scaled with them.
+            ttl_s={k: t * self.time_scale for k, t in DEFAULT_TTL_S.items()},
+        )
+
+
+async def replay(engine: Any, req: Request, v: Variant, s: Setting, t0: float, out: Outcome) -> None:
+    """One request: turns end at the workload's decode lengths and pause as intercepts of its type."""
+    from engine_adapter.events import TokenDelta, TurnEnd
+    from engine_adapter.hints import TURN_END_KEY, ToolHint
+
+    table_mean = TABLE1[req.aug_type].duration_s[0]
+    await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
+    out.arrival_s = time.monotonic()
+    rng = random.Random(req.rid)
+    session = engine.open_session(tools={TURN_END_KEY: ToolHint(req.aug_type, table_mean * s.time_scale)},
+                                  max_tokens=8, ignore_eos=True, seed=req.rid)
+    try:
+        tokens: list[int] = list(req.prompt)
+        steps = [(c.decode_tokens, c) for c in req.calls] + [(req.final_decode_tokens, None)]
+        for decode, call in steps:
+            async for ev in session.turn(tokens, max_tokens=decode):
+                if isinstance(ev, TokenDelta):
+                    if out.first_token_s is None:
+                        out.first_token_s = time.monotonic()
+                elif isinstance(ev, TurnEnd):
+                    out.output_tokens += len(ev.token_ids)
+            if call is None:
+                break
+            duration = 0.0 if v.zero_calls else call.duration_s * s.time_scale
+            if v.oracle:
+                await engine.tag(session.id, req.aug_type, duration)
+            c0 = time.monotonic()
+            await asyncio.sleep(duration)
+            out.call_s += time.monotonic() - c0
+            tokens = random_tokens(rng, call.returned_tokens)
+        out.end_s = time.monotonic()
+    except Exception as e:  # recorded, not fatal: a failed request counts as not completed
+        out.error = f"{type(e).__name__}: {e}"
+    finally:
+        await session.close()
+
+
+class EngineRun:
+    """One engine (a variant at a token budget), started once, running workloads one after another."""
+
+    def __init__(self, v: Variant, s: Setting, token_budget: int | None) -> None:
+        from engine_adapter.engine import InterceptEngine
+
+        self.v, self.s, self.token_budget = v, s, token_budget
+        self.engine = InterceptEngine(s.engine_config(v, token_budget))
+
+    async def __aenter__(self) -> EngineRun:
+        await self.engine.start()
+        # Warm-up (compilation caches, first-iteration costs) outside the measurement.
+        warm = self.engine.open_session(max_tokens=4, ignore_eos=True)
+        async for _ in warm.turn(list(range(1000, 1200)), max_tokens=4):
+            pass
+        await warm.close()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.engine.shutdown()
+
+    async def info(self) -> dict[str, Any]:
+        st = await self.engine.stats()
+        return {"policy": st.policy, "token_budget": st.token_budget, "kv_blocks": st.blocks.total,
+                "block_size": st.block_size, "profile": st.profile.source, "saturation_tokens": st.profile.saturation_tokens}
+
+    async def run(self, reqs: list[Request], rate: float) -> dict[str, Any]:
+        """Replay one workload (arrivals as sampled); requests still running `drain_s` after the last
+        arrival are cut off (and counted with a lower bound of their latency)."""
+        engine, s = self.engine, self.s
+        stats0 = dataclasses.asdict(await engine.stats())
+        outs = [Outcome(r.rid, r.aug_type, r.arrival_s) for r in reqs]
+        t0 = time.monotonic() + 0.05
+        tasks = [asyncio.create_task(replay(engine, r, self.v, s, t0, o)) for r, o in zip(reqs, outs)]
+        last_arrival = max((r.arrival_s for r in reqs), default=0.0)
+        _, pending = await asyncio.wait(tasks, timeout=last_arrival + s.drain_s)
+        cutoff = time.monotonic()
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        wall = time.monotonic() - t0
+        stats1 = dataclasses.asdict(await engine.stats())
+        out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens=s.kv_tokens)
+        out |= {"rate": rate, "timed_out": len(pending),
+                "kv_integrity_after": dataclasses.asdict(await engine.check_integrity())}
+        return out
+
+    async def unloaded(self, reqs: list[Request]) -> dict[str, Any]:
+        """The SLO's reference: requests one at a time with zero-time calls, on this (idle) engine."""
+        zero = dataclasses.replace(self.v, zero_calls=True)
+        lat = []
+        for r in reqs:
+            o = Outcome(r.rid, r.aug_type, 0.0)
+            await replay(self.engine, dataclasses.replace(r, arrival_s=0.0), zero, self.s, time.monotonic(), o)
+            if o.normalized_latency is not None:
+                lat.append(o.normalized_latency)
+        return {"requests": len(lat), "median_s": pct(lat, 0.5), "p90_s": pct(lat, 0.9)}
