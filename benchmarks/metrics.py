@@ -87,7 +87,23 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (
             "intercepts", "recomputed_tokens", "prefix_hit_tokens", "swapped_out_tokens", "swapped_in_tokens",
             "demoted", "discarded", "ttl_expired", "swap_fallbacks")},
+        "by_type": by_type(outs, cutoff_s, t0.get("by_type", {}), t1.get("by_type", {})),
     }
+
+
+def by_type(outs: Sequence[Outcome], cutoff_s: float, t0: Mapping[str, Mapping[str, float]],
+            t1: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, Any]]:
+    """Per augmentation type: requests, unfinished ones, median normalized latency, and what the engine
+    did with the type's paused contexts during the run (preserved token-seconds, recomputed tokens, ...)."""
+    out: dict[str, dict[str, Any]] = {}
+    for typ in sorted({o.aug_type for o in outs} | set(t1)):
+        mine = [o for o in outs if o.aug_type == typ]
+        nl = [x for x in (o.normalized_latency for o in mine) if x is not None]
+        nl += [(cutoff_s - o.arrival_s - o.call_s) / max(1, o.output_tokens) for o in mine if o.end_s is None and not o.error]
+        engine = {k: v - t0.get(typ, {}).get(k, 0) for k, v in t1.get(typ, {}).items()}
+        out[typ] = {"requests": len(mine), "unfinished": sum(1 for o in mine if o.end_s is None),
+                    "normalized_latency_median_s": pct(nl, 0.5), **engine}
+    return out
 
 
 def max_rate_at_slo(points: Sequence[tuple[float, float | None]], slo: float) -> tuple[float, bool]:

@@ -199,7 +199,7 @@ class InterceptScheduler(Scheduler):
                                     token_budget=self._ic_engine_budget))
 
     def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
-        return [r.to_dict() for r in self.ic.records(session_id)]
+        return [r.to_dict() for r in self.ic.ledger.of_session(session_id)]
 
     def infercept_check_integrity(self) -> dict[str, int]:
         return to_dict(check_integrity(self.ic, self.ic_port.block_counts(self.ic.paused_ids(on_device=True))))

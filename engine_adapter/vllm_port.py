@@ -76,11 +76,13 @@ class VllmPort:
             head = next((r for r in queue if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)), None)
             if head is not None:
                 break
+        head_blocks = 0
         if head is not None and budget > 0:
-            need += self._new_blocks(head, min(head.num_tokens - head.num_computed_tokens, budget))
+            head_blocks = self._new_blocks(head, min(head.num_tokens - head.num_computed_tokens, budget))
         return StepView(
-            blocks_needed=need,
+            blocks_needed=need + head_blocks,
             head_waiting=head.request_id if head is not None else None,
+            head_blocks=head_blocks,
             running_requests=len(s.running),
             running_tokens=sum(r.num_computed_tokens for r in s.running),
         )

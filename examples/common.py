@@ -33,14 +33,21 @@ def connect(args: argparse.Namespace) -> Client:
 
 def show(events: Iterable[Event], quiet: bool = False) -> Event:
     """Print the agent's trace as it streams (thoughts, tool calls, the engine's policy, results);
-    return the final done/error event, with `model_observations`: how many times the model itself wrote
-    "Observation:" (only tools should: the gateway stops and re-prompts it there)."""
+    return the final done/error event, with `model_observations`: how many times the model itself began an
+    observation (only tools should write one), and `accepted_observations`: how many of those it went on
+    to write, i.e. that were not stopped there (the gateway stops and re-prompts it at "Observation:")."""
     last = Event("error", {"message": "stream ended early"})
     at_line_start = True
     model_text: list[str] = []
+    turn = ""  # the model's text since the last event that was not a token
+    accepted = 0
     for ev in events:
+        if ev.name != "token":
+            accepted += _wrote_past_observation(turn)
+            turn = ""
         if ev.name == "token":
             model_text.append(ev["text"])
+            turn += ev["text"]
             if not quiet:
                 print(ev["text"], end="", flush=True)
                 at_line_start = ev["text"].endswith("\n")
@@ -69,4 +76,11 @@ def show(events: Iterable[Event], quiet: bool = False) -> Event:
         if ev.terminal:
             last = ev
     last.data["model_observations"] = "".join(model_text).count("Observation:")
+    last.data["accepted_observations"] = accepted
     return last
+
+
+def _wrote_past_observation(text: str) -> int:
+    """Model-written observations with content after them in one stretch of model text."""
+    parts = text.split("Observation:")
+    return sum(1 for after in parts[1:] if after.strip())

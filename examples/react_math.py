@@ -30,15 +30,16 @@ def main() -> int:
     args = p.parse_args()
     items = json.loads(QUESTIONS.read_text())[: args.limit]
     c = connect(args)
-    scores, invented = {}, {}
+    scores, invented, accepted = {}, {}, {}
     for mode, tools in (("with calculator", ["calculator"]), ("without tools", [])):
-        right = invented[mode] = 0
+        right = invented[mode] = accepted[mode] = 0
         print(f"\n===== {mode} =====")
         for item in items:
             s = c.create_session(tools=tools, max_tokens=96)
             print(f"\nQ: {item['question']}  (expected {item['answer']})")
             done = show(c.stream_message(s, item["question"], step_format=args.format), args.quiet)
             invented[mode] += done.data["model_observations"] > 0
+            accepted[mode] += done.data["accepted_observations"] > 0
             got = number_in(done.data.get("reply"))
             ok = got is not None and abs(got - item["answer"]) < 1e-6
             right += ok
@@ -46,8 +47,8 @@ def main() -> int:
             c.close_session(s)
         scores[mode] = right
     for mode, right in scores.items():
-        print(f"accuracy {mode}: {right}/{len(items)}; replies where the model wrote an observation itself: "
-              f"{invented[mode]}/{len(items)}")
+        print(f"accuracy {mode}: {right}/{len(items)}; replies where the model began an observation itself: "
+              f"{invented[mode]}/{len(items)}, where it went on to write one: {accepted[mode]}/{len(items)}")
     c.close()
     return 0
 

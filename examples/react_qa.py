@@ -20,18 +20,20 @@ def main() -> int:
     args = p.parse_args()
     items = json.loads(QUESTIONS.read_text())[: args.limit]
     c = connect(args)
-    right = invented = 0
+    right = invented = accepted = 0
     for item in items:
         s = c.create_session(tools=["wikipedia"], max_tokens=96)
         print(f"\nQ: {item['question']}  (expected {item['answer']!r})")
         done = show(c.stream_message(s, item["question"], step_format=args.format), args.quiet)
         invented += done.data["model_observations"] > 0
+        accepted += done.data["accepted_observations"] > 0
         reply = (done.data.get("reply") or "").lower()
         ok = all(w.lower() in reply for w in item["answer"].split())
         right += ok
         print(f"  -> {'RIGHT' if ok else 'WRONG'}")
         c.close_session(s)
-    print(f"\naccuracy: {right}/{len(items)}; replies where the model wrote an observation itself: {invented}/{len(items)}")
+    print(f"\naccuracy: {right}/{len(items)}; replies where the model began an observation itself: {invented}/{len(items)}, "
+          f"where it went on to write one: {accepted}/{len(items)}")
     c.close()
     return 0
 

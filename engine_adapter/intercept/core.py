@@ -73,8 +73,7 @@ class InterceptCore:
             tool=info.tool, policy=self.spec.name, context_tokens=info.context_tokens, paused_at_s=now,
             expected_duration_s=info.expected_duration_s, arrival_time=info.arrival_time, action=action.value,
         )
-        e = Entry(info.request_id, info.session_id, info.aug_type, info.expected_duration_s, now, info.arrival_time,
-                  info.context_tokens, rec, KvState.PRESERVED, self._next_seq())
+        e = Entry(info.request_id, rec, KvState.PRESERVED, self._next_seq())
         self.entries[e.request_id] = e
         self.request_of[info.session_id] = info.request_id
         if action is Action.DISCARD:
@@ -149,8 +148,10 @@ class InterceptCore:
             return
         if self.request_of.get(e.session_id) == request_id:
             del self.request_of[e.session_id]
-        if e.state in (KvState.LOAD_ARMED, KvState.LOADING):
-            self._abandoned.append(request_id)  # its allocated device blocks go once reported loaded
+        if e.state is KvState.LOADING:
+            # vLLM holds its allocated blocks until the load is reported finished: report it (an armed
+            # request has no blocks yet, and vLLM would not know a report for it).
+            self._abandoned.append(request_id)
         if e.host is not None:
             self._drop_host(e)
         self.ledger.close(e.record, now)
@@ -170,7 +171,9 @@ class InterceptCore:
         # Brand-new requests may wait for preserved KV (the preserve policy's cost), unless nothing
         # runs, in which case waiting would be a deadlock.
         wants_room = head is not None and (head in self.request_of.values() or view.running_requests == 0)
-        reserve = view.blocks_needed + self.settings.demotion_reserve_blocks
+        # A swap-in head allocates blocks for its whole host copy at once, not one chunk's worth.
+        load = self.entries[head].load_blocks if head in self.entries else 0
+        reserve = view.blocks_needed + max(0, load - view.head_blocks) + self.settings.demotion_reserve_blocks
         # A request already copying out is freed within a step or two anyway: demoting it would throw
         # the copy away.
         for rid in demotion_order(self._views(KvState.PRESERVED)):
@@ -184,8 +187,7 @@ class InterceptCore:
         e = self.entries.get(self.request_of.get(session_id, ""))
         if e is None or not e.state.paused:
             return False
-        e.aug_type = e.record.aug_type = aug_type
-        e.expected_duration_s = e.record.expected_duration_s = expected_duration_s
+        e.record.aug_type, e.record.expected_duration_s = aug_type, expected_duration_s
         return True
 
     # ================================================================== per iteration
@@ -229,11 +231,8 @@ class InterceptCore:
 
     def step_done(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int) -> None:
         """One iteration ran: refine T_fwd, and meter the waste it carried."""
-        tokens = sum(scheduled.values())
-        if tokens:
-            self.profile.observe(tokens, seconds)
-        stall = self.swap.last_step_stall_s(seconds) if self.swap is not None else 0.0
-        self.meter.iteration(seconds, scheduled, resident_tokens, stall)
+        self.profile.observe(sum(scheduled.values()), seconds)
+        self.meter.iteration(seconds, scheduled, resident_tokens, self.swap.last_step_stall_s(seconds) if self.swap else 0.0)
 
     # ================================================================== the swap-in path (KV connector)
     def load_lookup(self, request_id: str, num_computed_tokens: int) -> tuple[int | None, bool]:
@@ -264,7 +263,7 @@ class InterceptCore:
     def step_copies(self) -> StepCopies:
         """The copies of the step being built (the connector ships them to the workers)."""
         assert self.swap is not None
-        loading = [e for e in self._ordered(KvState.LOADING)]
+        loading = self._ordered(KvState.LOADING)
         copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned)
         self._abandoned = []
         done = set(copies.loads_done)
@@ -282,9 +281,6 @@ class InterceptCore:
     def paused_ids(self, on_device: bool) -> set[str]:
         """Paused requests that hold their device blocks and running slot, or that released them."""
         return {rid for rid, e in self.entries.items() if e.state.paused and e.state.on_device == on_device}
-
-    def records(self, session_id: str | None = None) -> list[InterceptRecord]:
-        return [r for r in self.ledger.records if session_id is None or r.session_id == session_id]
 
     # ================================================================== internals
     def _settle(self, now: float) -> None:
@@ -320,7 +316,8 @@ class InterceptCore:
         sw.plan_copy_out([(e.host, lambda e=e: self.kv.block_ids(e.request_id)) for e in copying], budget.out_tokens)
         loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
         queued = self._ordered(KvState.LOAD_QUEUED)
-        for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading)]:
+        at_head = bool(queued) and view.get().head_waiting == queued[0].request_id
+        for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading, at_head)]:
             e.state = KvState.LOAD_ARMED
 
     def _drop_host(self, e: Entry) -> None:

@@ -8,7 +8,7 @@ engine-clock seconds (time.monotonic in the engine core).
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from enum import Enum
 from typing import Any
 
@@ -94,11 +94,19 @@ class Totals:
     swapped_in_tokens: int = 0
     swap_fallbacks: int = 0  # a swap the host buffer could not take: discarded instead
     preserved_token_seconds: float = 0.0  # closed spans only; `Ledger.totals_at` adds the open ones
+    # Per augmentation type: where the memory-time goes (intercepts, preserved token-seconds of closed
+    # spans, tokens recomputed, tokens swapped out, KV freed by the policy or under pressure).
+    by_type: dict[str, dict[str, float]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Totals:
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in known})
+
+    def add(self, aug_type: str, key: str, amount: float) -> None:
+        t = self.by_type.setdefault(aug_type, {"intercepts": 0, "preserved_token_seconds": 0.0, "recomputed_tokens": 0,
+                                               "swapped_out_tokens": 0, "freed": 0})
+        t[key] += amount
 
 
 _FATE_TOTAL = {Fate.DISCARD: "discarded", Fate.TTL_EXPIRED: "ttl_expired", Fate.DEMOTED: "demoted", Fate.SWAP: "swapped_out"}
@@ -120,7 +128,14 @@ class Ledger:
         self.records.append(rec)
         self.open[rec.request_id] = rec
         self.totals.intercepts += 1
+        self.totals.add(rec.aug_type, "intercepts", 1)
         return rec
+
+    def _span(self, rec: InterceptRecord, seconds: float) -> None:
+        """A preserved span closed: its token-seconds, in the totals and its type's."""
+        ts = rec.context_tokens * max(0.0, seconds)
+        self.totals.preserved_token_seconds += ts
+        self.totals.add(rec.aug_type, "preserved_token_seconds", ts)
 
     def release_kv(self, rec: InterceptRecord, fate: Fate, now_s: float, moved_tokens: int = 0) -> None:
         """The paused request's KV left the device (with `moved_tokens` of it now on the host for
@@ -129,11 +144,14 @@ class Ledger:
             return
         rec.kv_fate = fate
         rec.kv_released_at_s = now_s
-        self.totals.preserved_token_seconds += rec.context_tokens * max(0.0, now_s - rec.paused_at_s)
+        self._span(rec, now_s - rec.paused_at_s)
         if fate in _FATE_TOTAL:
             setattr(self.totals, _FATE_TOTAL[fate], getattr(self.totals, _FATE_TOTAL[fate]) + 1)
         if fate is Fate.SWAP:
             self.totals.swapped_out_tokens += moved_tokens
+            self.totals.add(rec.aug_type, "swapped_out_tokens", moved_tokens)
+        elif fate is not Fate.CLOSED:
+            self.totals.add(rec.aug_type, "freed", 1)
 
     def resume(self, rec: InterceptRecord, now_s: float, requeued_arrival_time: float) -> None:
         rec.resumed_at_s = now_s
@@ -144,7 +162,7 @@ class Ledger:
             rec.tokens_kept = rec.context_tokens
             rec.tokens_recomputed = 0
             rec.restored_by = RestoredBy.PRESERVE
-            self.totals.preserved_token_seconds += rec.context_tokens * rec.call_duration_s
+            self._span(rec, rec.call_duration_s)
             self.open.pop(rec.request_id, None)
 
     def recomputed(self, rec: InterceptRecord, prefix_hit_tokens: int) -> None:
@@ -157,6 +175,7 @@ class Ledger:
             else RestoredBy.PARTIAL_PREFIX_CACHE
         )
         self.totals.recomputed_tokens += rec.tokens_recomputed
+        self.totals.add(rec.aug_type, "recomputed_tokens", rec.tokens_recomputed)
         self.totals.prefix_hit_tokens += hit
         self.open.pop(rec.request_id, None)
 
@@ -168,19 +187,25 @@ class Ledger:
         rec.restored_by = RestoredBy.SWAP
         self.totals.swapped_in_tokens += tokens
         self.totals.recomputed_tokens += rec.tokens_recomputed
+        self.totals.add(rec.aug_type, "recomputed_tokens", rec.tokens_recomputed)
         self.open.pop(rec.request_id, None)
 
     def close(self, rec: InterceptRecord, now_s: float) -> None:
         if rec.kv_released_at_s is None and rec.resumed_at_s is None:
             rec.kv_fate = Fate.CLOSED
             rec.kv_released_at_s = now_s
-            self.totals.preserved_token_seconds += rec.context_tokens * max(0.0, now_s - rec.paused_at_s)
+            self._span(rec, now_s - rec.paused_at_s)
         self.open.pop(rec.request_id, None)
+
+    def of_session(self, session_id: str | None = None) -> list[InterceptRecord]:
+        """The records kept (the last `max_records`), or one session's."""
+        return [r for r in self.records if session_id is None or r.session_id == session_id]
 
     def totals_at(self, now_s: float) -> Totals:
         """The totals, with the preserved spans still open counted up to `now_s` (so the number grows
         while requests sit preserved)."""
-        t = Totals(**asdict(self.totals))
+        t = Totals(**{k: v for k, v in asdict(self.totals).items() if k != "by_type"},
+                   by_type={k: dict(v) for k, v in self.totals.by_type.items()})
         t.preserved_token_seconds += sum(
             r.context_tokens * max(0.0, now_s - r.paused_at_s)
             for r in self.open.values()

@@ -57,19 +57,46 @@ class Resume:
 
 @dataclass
 class Entry:
-    """One paused (or resuming) request."""
+    """One paused (or resuming) request: where its KV is, and its intercept record (which holds what is
+    known about the pause: type, expected duration, context, times)."""
 
     request_id: str
-    session_id: str
-    aug_type: str
-    expected_duration_s: float | None
-    paused_at_s: float
-    arrival_time: float  # the original one
-    context_tokens: int
     record: InterceptRecord
     state: KvState
     seq: int  # first come, first served: pauses, swap starts and resumes in this order
     host: HostCopy | None = None
+
+    @property
+    def session_id(self) -> str:
+        return self.record.session_id
+
+    @property
+    def aug_type(self) -> str:
+        return self.record.aug_type
+
+    @property
+    def expected_duration_s(self) -> float | None:
+        return self.record.expected_duration_s
+
+    @property
+    def paused_at_s(self) -> float:
+        return self.record.paused_at_s
+
+    @property
+    def context_tokens(self) -> int:
+        return self.record.context_tokens
+
+    @property
+    def load_blocks(self) -> int:
+        """Device blocks its swap-in will allocate at once (0 unless waiting to be loaded)."""
+        waiting = self.state in (KvState.LOAD_QUEUED, KvState.LOAD_ARMED)
+        return len(self.host.slots) if waiting and self.host is not None else 0
+
+    @property
+    def arrival_time(self) -> float:
+        """The original one (restored at the resume under FCFS-keeping policies)."""
+        assert self.record.arrival_time is not None
+        return self.record.arrival_time
 
 
 @dataclass(frozen=True)
@@ -90,8 +117,9 @@ class StepView:
 
     blocks_needed: int  # new blocks the running requests and the first ready waiting one need
     head_waiting: str | None  # that waiting request
-    running_requests: int
-    running_tokens: int  # context tokens of the running batch
+    head_blocks: int = 0  # of `blocks_needed`, the head's (a swap-in head needs its whole context at once)
+    running_requests: int = 0
+    running_tokens: int = 0  # context tokens of the running batch
 
 
 class KvPort(Protocol):

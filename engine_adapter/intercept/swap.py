@@ -140,10 +140,12 @@ class SwapPlanner:
                 break
             blocks -= self.plan_out(host, ids(), blocks)
 
-    def how_many_to_arm(self, queued: list[HostCopy], loading: list[HostCopy]) -> int:
+    def how_many_to_arm(self, queued: list[HostCopy], loading: list[HostCopy], first_at_head: bool = False) -> int:
         """How many of the queued swap-ins (first come, first served) to arm this step: while fewer
         blocks wait to be copied in than one step moves. An armed request gets its device blocks from
-        vLLM and is copied in over the next steps."""
+        vLLM and is copied in over the next steps. The first is armed anyway when it heads vLLM's
+        waiting queue: held back there, vLLM would skip it, and newer arrivals would take the memory it
+        waits for again and again; armed, it holds its place (vLLM waits for room there)."""
         pipeline = sum(len(h.to_load) if h.to_load is not None else len(h.slots) for h in loading)
         n = 0
         for host in queued:
@@ -151,7 +153,7 @@ class SwapPlanner:
                 break
             pipeline += len(host.slots)
             n += 1
-        return n
+        return max(n, 1) if first_at_head and queued else n
 
     def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str]) -> StepCopies:
         """The step's copies: what `plan_out` queued, and swap-in chunks of the loading requests, in

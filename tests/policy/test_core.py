@@ -248,6 +248,21 @@ def test_close_in_every_state_frees_host_slots_and_reports_abandoned_loads() -> 
     assert core.step_copies().loads_done == []
 
 
+def test_a_request_closed_while_armed_is_not_reported_loaded() -> None:
+    """Armed but not yet allocated: vLLM frees it at once and knows no load of it, so reporting one
+    would break vLLM (it asserts every finished load belongs to a live request)."""
+    pool = Pool()
+    core = make("swap", pool)
+    pause(core, pool, "a", 2 * BLOCK, now=0.0)
+    for t in (0.01, 0.02):
+        step(core, pool, t)
+    core.resume("a", 1.0, 9.0)
+    step(core, pool, 1.01)
+    assert core.entries["a"].state is KvState.LOAD_ARMED
+    core.close("a", 1.02)
+    assert core.step_copies().loads_done == [] and core.swap.slots.num_free == core.swap.slots.num_slots
+
+
 def test_transitions_from_the_wrong_state_raise() -> None:
     pool = Pool()
     core = make("swap", pool)
@@ -265,3 +280,47 @@ def test_tag_refines_the_current_pause() -> None:
     pause(core, pool, "a", BLOCK, now=0.0, aug="default", expected=None)
     assert core.tag("s-a", "image", 12.5) and core.entries["a"].record.aug_type == "image"
     assert not core.tag("s-unknown", "image", 1.0)
+
+
+def swapped_out(core: InterceptCore, pool: Pool, rid: str, blocks: int) -> None:
+    pause(core, pool, rid, blocks * BLOCK, now=0.0)
+    for t in (0.1, 0.11, 0.12, 0.13, 0.14):  # swap-heuristic swaps a call once it outlasts a copy out and in
+        step(core, pool, t)
+    assert core.entries[rid].state is KvState.SWAPPED
+
+
+def test_a_swap_in_at_the_head_of_the_queue_is_armed_beyond_the_pipeline() -> None:
+    """Held back at the head of vLLM's queue (ordered by arrival), a resumed swapped request is skipped
+    while newer requests take the memory it waits for (seen in the benchmark): armed, it holds its
+    place (vLLM waits for room there) even when another swap-in fills this step's pipeline."""
+    pool = Pool(blocks=40)
+    core = make("swap-heuristic", pool)
+    swapped_out(core, pool, "a", 6)  # arrived first (arrival_time 1.0)
+    swapped_out(core, pool, "bb", 6)  # arrived later (arrival_time 2.0), but resumes first
+    core.resume("bb", 1.0, 9.0)
+    core.before_schedule(lambda: StepView(0, head_waiting="bb", running_requests=1), 1.01)
+    assert core.entries["bb"].state is KvState.LOAD_ARMED
+    core.resume("a", 1.02, 9.0)
+    core.before_schedule(lambda: StepView(0, head_waiting="new", running_requests=1), 1.03)
+    assert core.entries["a"].state is KvState.LOAD_QUEUED  # the pipeline is full: it waits its turn
+    core.before_schedule(lambda: StepView(0, head_waiting="a", running_requests=1), 1.04)
+    assert core.entries["a"].state is KvState.LOAD_ARMED  # but not behind newer requests
+
+
+def test_demotion_makes_room_for_a_whole_swap_in() -> None:
+    """A swap-in allocates blocks for its whole host copy at once, not one chunk's worth: demotion makes
+    room for all of it."""
+    pool = Pool(blocks=20)
+    core = make("swap-heuristic", pool)
+    swapped_out(core, pool, "a", 6)
+    core.swap.slots.take(core.swap.slots.num_free)  # the host buffer is full: nothing else moves out
+    pause(core, pool, "b", 8 * BLOCK, now=0.5, expected=30.0)
+    pause(core, pool, "c", 8 * BLOCK, now=0.5, expected=1.0)
+    assert pool.num_free_blocks() == 4
+    core.resume("a", 1.0, 9.0)
+    view = StepView(blocks_needed=1, head_waiting="a", head_blocks=1, running_requests=1, running_tokens=10)
+    core.before_schedule(lambda: view, 1.01)
+    # It needs 6 blocks (with the step's 1, less the 1 counted for it): the latest-back paused context
+    # was demoted, not just one chunk's worth freed.
+    assert core.entries["b"].record.kv_fate is Fate.DEMOTED and core.entries["c"].state is KvState.PRESERVED
+    assert pool.num_free_blocks() == 12
