@@ -171,8 +171,12 @@ class InterceptScheduler(Scheduler):
         if budget is not None:
             self.max_num_scheduled_tokens = min(budget, self._ic_engine_budget)
         out = super().schedule(*args, **kwargs)
-        self.ic.scheduled(((r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs),
-                          out.total_num_scheduled_tokens)
+        # A resumed request's first schedule: a new request, or (when vLLM preempted it at some point
+        # before, `num_preemptions`) a resumed one among the cached requests.
+        cached = out.scheduled_cached_reqs
+        first = [(r.req_id, r.num_computed_tokens) for r in out.scheduled_new_reqs]
+        first += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in cached.resumed_req_ids]
+        self.ic.scheduled(first, out.total_num_scheduled_tokens)
         self._ic_step_started = time.monotonic() if out.total_num_scheduled_tokens else None
         return out
 

@@ -66,7 +66,8 @@ class InterceptCore:
     def pause(self, info: PauseInfo, now: float) -> InterceptRecord:
         """A request parked at a trigger or the end of a turn (its KV and running slot are held)."""
         if info.request_id in self.entries:
-            raise TransitionError(f"{info.request_id} paused twice")
+            old = self.entries[info.request_id]
+            raise TransitionError(f"{info.request_id} paused twice: it is {old.state.value} since {old.record}")
         action = pause_action(self.spec, info.aug_type, self.settings.ttl_s)
         rec = self.ledger.pause(
             session_id=info.session_id, request_id=info.request_id, aug_type=info.aug_type, trigger=info.trigger,
