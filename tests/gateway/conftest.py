@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
+import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestServer
 
@@ -37,7 +38,8 @@ class Served:
 def gateway_config(**server: object) -> GatewayConfig:
     augs = dict(DEFAULT_AUGMENTATIONS)
     augs["image"] = {"timeout_s": 120, "steps": 2, "size": 64}
-    kw: dict[str, object] = dict(api_key=API_KEY, max_sessions=MAX_SESSIONS, max_message_chars=20000, max_tokens=16)
+    kw: dict[str, object] = dict(api_key=API_KEY, max_sessions=MAX_SESSIONS, max_message_chars=20000, max_tokens=16,
+                                 state_path=":memory:")
     kw.update(server)
     return GatewayConfig(server=ServerConfig(**kw), augmentations=augs)  # type: ignore[arg-type]
 
@@ -85,8 +87,10 @@ async def running_gateway(gw: Gateway, api_key: str | None = None) -> AsyncItera
 
 
 @pytest_asyncio.fixture(scope="package")
-async def served() -> AsyncIterator[Served]:
-    # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions.
+async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions. A real session
+    # store on disk: every test here also runs the commits before each batch of events.
     cfg = tiny_config("infercept", num_kv_blocks=200, max_model_len=2048, max_num_seqs=8, log_stats=True)
-    async with running_gateway(Gateway(cfg, gateway_config()), api_key=API_KEY) as s:
+    state = tmp_path_factory.mktemp("state") / "sessions.db"
+    async with running_gateway(Gateway(cfg, gateway_config(state_path=str(state))), api_key=API_KEY) as s:
         yield s
