@@ -66,7 +66,7 @@ class _Thread:
             except BaseException as e:  # SystemExit & co. end this thread: report it as a crash
                 fut.set_exception(WorkerCrashed(f"the worker thread ended ({type(e).__name__}: {e})"))
                 self.retired = True
-                raise
+                return
 
     def retire(self) -> None:
         self.retired = True
