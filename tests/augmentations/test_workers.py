@@ -11,8 +11,8 @@ import pytest
 from augmentations.workers import WorkerCrashed, WorkerPool
 
 
-def _thread_name() -> str:
-    return threading.current_thread().name + ":" + str(threading.get_ident())
+def _thread() -> threading.Thread:
+    return threading.current_thread()  # the object itself: thread idents are reused once a thread ends
 
 
 def _block(event: threading.Event) -> str:
@@ -35,13 +35,13 @@ def _die() -> None:
 async def test_a_hung_call_does_not_block_the_next_one() -> None:
     pool = WorkerPool("t")
     release = threading.Event()
-    first = await pool.run(_thread_name)
+    first = await pool.run(_thread)
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(pool.run(_block, release), 0.2)
     assert pool.replaced == 1
     # The stuck thread still holds its call; the next call runs on a new thread all the same.
-    second = await pool.run(_thread_name)
-    assert second != first and second.startswith("t-worker")
+    second = await pool.run(_thread)
+    assert second is not first and second.name == "t-worker" and first.is_alive()
     release.set()
     pool.close()
 
@@ -52,7 +52,7 @@ async def test_a_queued_call_that_is_cancelled_does_not_replace_the_worker() -> 
     running = asyncio.ensure_future(pool.run(_block, release))
     await asyncio.sleep(0.05)
     with pytest.raises(TimeoutError):
-        await asyncio.wait_for(pool.run(_thread_name), 0.1)  # waited behind the running call, never started
+        await asyncio.wait_for(pool.run(_thread), 0.1)  # waited behind the running call, never started
     assert pool.replaced == 0
     release.set()
     assert await running == "late"
@@ -61,12 +61,12 @@ async def test_a_queued_call_that_is_cancelled_does_not_replace_the_worker() -> 
 
 async def test_a_thread_that_dies_is_replaced() -> None:
     pool = WorkerPool("d")
-    before = await pool.run(_thread_name)
+    before = await pool.run(_thread)
     with pytest.raises(WorkerCrashed, match="SystemExit"):
         await pool.run(_exit_thread)
     assert pool.replaced == 1
-    after = await pool.run(_thread_name)
-    assert after != before
+    after = await pool.run(_thread)
+    assert after is not before and not before.is_alive()
     pool.close()
 
 
