@@ -12,7 +12,6 @@ fixed-length description to the model too).
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
 from pathlib import Path

@@ -12,7 +12,6 @@ Backends, chosen by the `backend` setting (`auto` picks the first that works her
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import io
 import shutil

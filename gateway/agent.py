@@ -39,7 +39,13 @@ from gateway.durable import HEAD_VERSION, Folded, Journal, hash_token
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
 from gateway.store import SessionStore
-from gateway.toolcalls import CallParser, ToolChoice, ToolChoiceError, choice_regex, react_step_regex
+from gateway.toolcalls import (
+    CallParser,
+    ToolChoice,
+    ToolChoiceError,
+    choice_regex,
+    react_step_regex,
+)
 
 log = logging.getLogger("infercept.gateway")
 

@@ -3,8 +3,8 @@
 * `StateLock`: one server per state folder (an exclusive `flock` on `<state>/lock`, released by the
   kernel however the process ends), so two servers never restore and write the same sessions.
 * Engine processes: vLLM's engine core is a child process that does not notice its parent's death; after
-  a `kill -9` of the server it lives on, holding its KV cache memory. The server records the engine's
-  process ids (`record_engine`) and the next start reaps the ones whose server is gone (`reap_orphans`),
+  a `kill -9` of the server it lives on, holding its KV cache memory. The server records its child
+  processes (`record_engine`) and the next start reaps those whose server is gone (`reap_orphans`),
   matching each pid's start time so a recycled pid is never touched.
 """
 
@@ -14,7 +14,6 @@ import fcntl
 import json
 import logging
 import os
-from collections.abc import Iterable
 from pathlib import Path
 
 import psutil
@@ -50,16 +49,11 @@ def _identity(pid: int) -> dict[str, float | int] | None:
         return None
 
 
-def record_engine(folder: Path, pids: Iterable[int]) -> None:
-    """Remember this server and its engine processes (children of the engine core included)."""
-    procs: list[int] = []
-    for pid in pids:
-        procs.append(pid)
-        try:
-            procs += [c.pid for c in psutil.Process(pid).children(recursive=True)]
-        except psutil.Error:
-            pass
-    entry = {"server": _identity(os.getpid()), "engine": [i for i in map(_identity, procs) if i is not None]}
+def record_engine(folder: Path) -> None:
+    """Remember this server and its child processes (vLLM's engine core, its worker, the multiprocessing
+    resource tracker): none of them ends when the server is killed."""
+    children = psutil.Process().children(recursive=True)
+    entry = {"server": _identity(os.getpid()), "engine": [i for i in (_identity(c.pid) for c in children) if i is not None]}
     (folder / "engine.json").write_text(json.dumps(entry))
 
 
@@ -82,16 +76,18 @@ def reap_orphans(folder: Path) -> list[int]:
         return []
     if _same(entry.get("server")) is not None:
         return []  # that server still runs (the state lock keeps a second one from getting here)
-    killed = []
+    killed: list[psutil.Process] = []
     for ident in entry.get("engine", []):
         p = _same(ident)
         if p is not None:
             try:
                 p.kill()
-                killed.append(p.pid)
+                killed.append(p)
             except psutil.Error:
                 pass
+    psutil.wait_procs(killed, timeout=10)  # their memory is free before a new engine claims it
     if killed:
-        log.warning("killed %d engine process(es) left behind by a server that did not shut down: %s", len(killed), killed)
+        log.warning("killed %d engine process(es) left behind by a server that did not shut down: %s",
+                    len(killed), [p.pid for p in killed])
     path.unlink(missing_ok=True)
-    return killed
+    return [p.pid for p in killed]

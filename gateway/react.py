@@ -19,7 +19,14 @@ from augmentations.base import CallContext, ToolError, ToolResult
 from engine_adapter.events import Resumed, TokenDelta, TurnEnd
 from engine_adapter.intercept.records import InterceptRecord
 from engine_adapter.triggers import OBSERVATION
-from gateway.calls import HUMAN_TOOL, CallRecord, intercept_event, resolve_call, resume_event, run_server_tool
+from gateway.calls import (
+    HUMAN_TOOL,
+    CallRecord,
+    intercept_event,
+    resolve_call,
+    resume_event,
+    run_server_tool,
+)
 from gateway.prompts import PromptBuilder
 
 if TYPE_CHECKING:

@@ -86,7 +86,7 @@ class Gateway:
                 await asyncio.to_thread(reap_orphans, self.state_dir)
             await self.engine.start()
             if self.state_dir is not None:
-                await asyncio.to_thread(record_engine, self.state_dir, self.engine.core_pids())
+                await asyncio.to_thread(record_engine, self.state_dir)
             self.ctx = AgentContext(
                 engine=self.engine, registry=self.registry, limits=self.config.server, metrics=self.metrics,
                 prompts=PromptBuilder(self.engine.tokenizer), artifacts=self.artifacts,

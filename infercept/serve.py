@@ -37,11 +37,13 @@ def _exit_now() -> None:
     import psutil
 
     print("second signal: exiting now", file=sys.stderr, flush=True)
-    for child in psutil.Process().children(recursive=True):
+    children = psutil.Process().children(recursive=True)
+    for child in children:
         try:
             child.kill()
         except psutil.Error:
             pass
+    psutil.wait_procs(children, timeout=5)  # a process with gigabytes of KV cache takes a moment to go
     os._exit(EXIT_FORCED)
 
 
