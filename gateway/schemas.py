@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WrapValidator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WrapValidator
 
 from gateway.validation import one_message
 
@@ -52,10 +52,22 @@ ToolChoice = Annotated[
 ]
 
 
+def _item_kind(value: Any) -> str:
+    return "Name" if isinstance(value, str) else "Object"
+
+
+# A name, or an object: only the matching form reports errors (the tags are capitalized so that error
+# paths leave them out, see gateway.validation.field_path).
+ClientToolItem = Annotated[
+    Annotated[Annotated[str, Field(pattern=TOOL_NAME, max_length=64)], Tag("Name")] | Annotated[ClientTool, Tag("Object")],
+    Discriminator(_item_kind),
+]
+
+
 class CreateSession(Body):
     system: str | None = Field(None, max_length=20000, description="a system prompt before the tool instructions")
     tools: list[str] | None = Field(None, description="server tools by name or config key; default: all enabled")
-    client_tools: list[Annotated[str, Field(pattern=TOOL_NAME, max_length=64)] | ClientTool] = Field(
+    client_tools: list[ClientToolItem] = Field(
         default_factory=list, description="tools the client runs itself: the session pauses until their result is posted")
     max_tokens: int | None = Field(None, ge=1, description="per model turn; at most the model's context length")
     temperature: float = Field(0.0, ge=0, le=2)

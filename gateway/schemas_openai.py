@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
 from gateway.schemas import Out
+from gateway.validation import one_message
 
 
 class Part(BaseModel):
@@ -136,7 +137,8 @@ class ChatCompletionRequest(BaseModel):
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: list[ToolDef] | None = Field(None, max_length=128)
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    tool_choice: Annotated[Literal["none", "auto", "required"] | NamedToolChoice | None, WrapValidator(one_message(
+        'must be "none", "auto", "required" or {"type": "function", "function": {"name": NAME}}'))] = None
     parallel_tool_calls: bool | None = None
     # Accepted and ignored (range-checked as OpenAI does):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)

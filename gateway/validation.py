@@ -74,7 +74,11 @@ def errors_of(e: ValidationError, body: Any) -> list[dict[str, str]]:
                 msg = "is required"
             else:
                 msg = f"must be one of {err['ctx']['expected_tags']} (got {err['ctx']['tag']!r})"
-        out.append({"field": path, "message": msg})
+        same = next((o for o in out if o["field"] == path), None)
+        if same is None:
+            out.append({"field": path, "message": msg})
+        elif msg not in same["message"]:  # one field, several union members: "must be a string or must be a list"
+            same["message"] += f" or {msg}"
     return out
 
 
