@@ -166,6 +166,8 @@ class AgentSession:
         }
 
     async def commit(self) -> None:
+        if self.state == "closed":
+            return  # deleted, or detached: this object no longer speaks for the stored session
         t0 = time.perf_counter()
         await self.journal.commit(self.head(), self.es)
         if self.journal.store is not None:
@@ -318,6 +320,11 @@ class AgentSession:
             self.state = "idle"
             self.emit("error", type="engine_error", message=str(e))
         except Exception as e:  # never a dead session: report, and wait for the next message
+            if self.ctx.engine.dead:
+                self.interrupt("engine_died")
+                self.emit("error", type="engine_died", message=f"the engine died ({type(e).__name__}); the server is "
+                          "restarting it, resend the message")
+                return
             log.exception("agent loop failed in session %s", self.id)
             self.state = "idle"
             self.emit("error", type="internal_error", message=f"{type(e).__name__}: {e}")
