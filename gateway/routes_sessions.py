@@ -129,7 +129,12 @@ async def get_session(request: web.Request) -> web.Response:
     desc = s.describe()
     # The engine's records are the authority on what became of each pause (a policy may have
     # swapped or freed a paused context since it paused).
-    desc["intercepts"] = [intercept_json(r) for r in await gw.engine.intercepts(s.id)] if gw.ready.is_set() else []
+    try:
+        desc["intercepts"] = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
+    except Exception:  # the engine died under the call: the session itself is still what it was
+        if not gw.engine.dead:
+            raise
+        desc["intercepts"] = []
     return web.json_response(desc)
 
 

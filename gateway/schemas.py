@@ -30,7 +30,7 @@ class ClientTool(Body):
     name: str = Field(pattern=TOOL_NAME, max_length=64, description="letters, digits, '_' and '-', starting with a letter")
     description: str | None = Field(None, max_length=2000)
     type: str | None = Field(None, max_length=32, description="augmentation type (math, qa, ve, chat, image, tts, ...)")
-    expected_s: float | None = Field(None, ge=0, description="expected call duration, seconds (the intercept policy uses it)")
+    expected_s: float | None = Field(None, ge=0, le=1e6, description="expected call duration, seconds (the intercept policy uses it)")
 
 
 class NamedTool(Body):
@@ -71,7 +71,7 @@ class CreateSession(Body):
         default_factory=list, description="tools the client runs itself: the session pauses until their result is posted")
     max_tokens: int | None = Field(None, ge=1, description="per model turn; at most the model's context length")
     temperature: float = Field(0.0, ge=0, le=2)
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
 
 
 class PostMessage(Body):

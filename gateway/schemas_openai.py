@@ -133,7 +133,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, ge=0, le=1)
     n: int | None = Field(None, ge=1, le=128, description="only 1 is served")
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     tools: list[ToolDef] | None = Field(None, max_length=128)

@@ -172,6 +172,8 @@ class Gateway:
         body: dict[str, Any] = {"model": self.engine_config.model, "policy": self.engine_config.policy}
         if self.draining:
             return 503, {"status": "draining", **body}
+        if self.ready.is_set() and self.engine.dead:  # before the watchdog's next look
+            return 503, {"status": "restarting", "error": f"the engine died ({self.engine.dead_reason()})", **body}
         if self.ready.is_set():
             return 200, {"status": "ok", **body}
         if self.start_error is not None:
@@ -181,6 +183,9 @@ class Gateway:
         return 503, {"status": "starting", **body}
 
     def require_ready(self) -> AgentContext:
+        if self.ready.is_set() and self.engine.dead:
+            raise ApiError(503, "not_ready", f"the engine died ({self.engine.dead_reason()}); restarting",
+                           retry_after=RETRY_NOT_READY_S)
         if self.ctx is None or not self.ready.is_set():
             if self.start_error is not None:
                 raise ApiError(503, "not_ready", f"the engine failed to start: {self.start_error}")
@@ -236,7 +241,7 @@ class Gateway:
     def session(self, sid: str, token: str) -> AgentSession:
         """The session, if `token` is its token. While the engine (re)starts the stored sessions are not
         read back yet: 503, not 404."""
-        if not self.ready.is_set() and sid not in self.table.live:
+        if not self.ready.is_set() or self.engine.dead:
             self.require_ready()
         return self.table.get(sid, token)
 

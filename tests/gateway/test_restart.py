@@ -43,6 +43,8 @@ async def test_engine_death_ends_streams_restarts_and_restores(served: Served) -
     rest = [ev async for ev in stream]
     assert rest[-1].name == "error" and rest[-1]["type"] == "engine_died"
 
+    # The stream learned of the death from the engine's own monitor: health says so from then on, until
+    # the new engine is ready.
     statuses: list[tuple[int, dict]] = []
     async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {API_KEY}"}) as raw:
         while not statuses or statuses[-1][0] != 200:
@@ -53,8 +55,9 @@ async def test_engine_death_ends_streams_restarts_and_restores(served: Served) -
                 assert during.status_code == 503 and during.json()["error"]["type"] == "not_ready" and during.headers["Retry-After"]
             assert len(statuses) < 4000, statuses[-1]
             await asyncio.sleep(0.1)
+    assert statuses[0][1]["status"] == "restarting" and statuses[-1][1]["status"] == "ok"
     restarting = [body for status, body in statuses if body["status"] == "restarting"]
-    assert restarting and all(status == 503 for status, body in statuses if body["status"] == "restarting")
+    assert all(status == 503 for status, body in statuses if body["status"] == "restarting")
     assert restarting[0]["error"].startswith("the engine died (") and "exited with code -9" in restarting[0]["error"]
     assert gw.engine is not old_engine and gw.metrics.engine_restarts._value.get() == 1
 
