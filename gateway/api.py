@@ -51,6 +51,8 @@ class Operation:
     session: bool = False  # needs X-Session-Token
     events: Mapping[str, type[BaseModel]] | None = None  # SSE events of a streamed 200
     description: str = ""
+    # OpenAPI links from the success response: name -> (method, path, {parameter: runtime expression})
+    links: Mapping[str, tuple[str, str, Mapping[str, str]]] = field(default_factory=dict)
 
 
 class Api:
@@ -61,11 +63,12 @@ class Api:
 
     def route(self, method: str, path: str, summary: str, *, body: type[BaseModel] | None = None,
               ok: Mapping[int, type[BaseModel] | str | None], errors: Iterable[int] = (), session: bool = False,
-              events: Mapping[str, type[BaseModel]] | None = None, description: str = "") -> Callable[[Handler], Handler]:
+              events: Mapping[str, type[BaseModel]] | None = None, description: str = "",
+              links: Mapping[str, tuple[str, str, Mapping[str, str]]] | None = None) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.routes.route(method, path)(handler)
             self.operations.append(Operation(method, path, summary, self.tag, body, dict(ok), tuple(sorted(set(errors))),
-                                             session, events, description or (handler.__doc__ or "").strip()))
+                                             session, events, description or (handler.__doc__ or "").strip(), dict(links or {})))
             return handler
 
         return register
@@ -94,9 +97,12 @@ def _events_schema(events: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
     }
 
 
+def operation_id(method: str, path: str) -> str:
+    return f"{method.lower()}_{path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}"
+
+
 def _operation(op: Operation, api_key: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"summary": op.summary, "tags": [op.tag],
-                           "operationId": f"{op.method.lower()}_{op.path.strip('/').replace('/', '_').replace('{', '').replace('}', '')}"}
+    out: dict[str, Any] = {"summary": op.summary, "tags": [op.tag], "operationId": operation_id(op.method, op.path)}
     if op.description:
         out["description"] = op.description
     params = [{"name": p, "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
@@ -118,6 +124,9 @@ def _operation(op: Operation, api_key: bool) -> dict[str, Any]:
                                        {"type": "string", "contentMediaType": model}}}
         if op.events and status == 200:
             resp["content"]["text/event-stream"] = {"schema": _events_schema(op.events)}
+        if op.links and status < 300:
+            resp["links"] = {name: {"operationId": operation_id(method, path), "parameters": dict(params)}
+                             for name, (method, path, params) in op.links.items()}
         responses[str(status)] = resp
     errors = set(op.errors)
     if api_key and op.path.startswith("/v1/") and not op.path.startswith("/v1/artifacts/"):
@@ -155,4 +164,18 @@ def openapi(apis: Iterable[Api], *, title: str, version: str, api_key: bool) -> 
     return doc
 
 
-__all__ = ["Api", "Operation", "openapi"]
+def set_integer_maximum(schema: dict[str, Any], maximum: int) -> None:
+    """Give the integer branch of a (possibly nullable) property schema a maximum."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "integer":
+            branch["maximum"] = maximum
+
+
+def set_string_enum(schema: dict[str, Any], values: list[str]) -> None:
+    """Restrict the string items of a (possibly nullable) list property schema to `values`."""
+    for branch in schema.get("anyOf", [schema]):
+        if branch.get("type") == "array":
+            branch["items"] = {"type": "string", "enum": values}
+
+
+__all__ = ["Api", "Operation", "openapi", "operation_id", "set_integer_maximum", "set_string_enum"]

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -42,6 +43,19 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await gw.close()
 
 
+def _describe_this_server(doc: dict[str, Any], gw: Gateway) -> None:
+    """What the models cannot know: this server's tool names and its model's context length."""
+    from gateway.api import set_integer_maximum, set_string_enum
+
+    schemas = doc["components"]["schemas"]
+    names = sorted({*gw.registry.names(), *(key for key in gw.config.augmentations if gw.registry.resolve(key))})
+    set_string_enum(schemas["CreateSession"]["properties"]["tools"], names)
+    limit = gw.engine_config.max_model_len
+    set_integer_maximum(schemas["CreateSession"]["properties"]["max_tokens"], limit)
+    for key in ("max_tokens", "max_completion_tokens"):
+        set_integer_maximum(schemas["ChatCompletionRequest"]["properties"][key], limit)
+
+
 def create_app(gateway: Gateway) -> web.Application:
     from gateway.api import openapi
     from gateway.routes_admin import api as admin_api
@@ -55,6 +69,7 @@ def create_app(gateway: Gateway) -> web.Application:
     for api in apis:
         app.add_routes(api.routes)
     doc = openapi(apis, title="infercept", version=VERSION, api_key=bool(gateway.config.server.api_key))
+    _describe_this_server(doc, gateway)
     doc["paths"]["/openapi.json"] = {"get": {"summary": "This document", "operationId": "get_openapi", "tags": ["admin"],
                                              "responses": {"200": {"description": "OpenAPI 3.1",
                                                                    "content": {"application/json": {"schema": {"type": "object"}}}}}}}

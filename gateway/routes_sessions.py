@@ -93,8 +93,15 @@ async def respond(request: web.Request, gw: Gateway, start: Callable[[], AsyncIt
                               "text": "".join(d["text"] for n, d in collected if n == "token"), "events": out})
 
 
+_SESSION = {"path.sid": "$response.body#/id", "header.X-Session-Token": "$response.body#/token"}
+
+
 @api.route("POST", "/v1/sessions", "Open an agent session", body=CreateSession, ok={201: SessionCreated},
-           errors=(400, 413, 429, 503))
+           errors=(400, 413, 429, 503), links={
+               "GetSession": ("GET", "/v1/sessions/{sid}", _SESSION),
+               "PostMessage": ("POST", "/v1/sessions/{sid}/messages", _SESSION),
+               "PostToolResult": ("POST", "/v1/sessions/{sid}/tool_results", _SESSION),
+               "DeleteSession": ("DELETE", "/v1/sessions/{sid}", _SESSION)})
 async def create_session(request: web.Request) -> web.Response:
     """The response carries the session's token, shown only here: every later call about the session
     sends it as X-Session-Token."""
