@@ -12,14 +12,13 @@ fixed-length description to the model too).
 
 from __future__ import annotations
 
-import asyncio
 import io
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from augmentations.base import Artifact, CallContext, ToolError, ToolResult
+from augmentations.workers import WorkerPool
 
 
 def tiny_pipeline_dir() -> Path:
@@ -82,7 +81,8 @@ class ImageGen:
         self.max_prompt_chars = max_prompt_chars
         self._pipe: Any = None
         # diffusers pipelines are not thread-safe: one worker thread owns it.
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="image")
+        # A fresh worker after a hang or a crash builds its own (the old one may still hold it).
+        self._pool = WorkerPool("image", on_replace=lambda: setattr(self, "_pipe", None))
 
     def _load(self) -> Any:
         if self._pipe is None:
@@ -113,7 +113,7 @@ class ImageGen:
             raise ToolError("Image needs a description of the picture")
         if len(prompt) > self.max_prompt_chars:
             raise ToolError(f"the description is {len(prompt)} characters; at most {self.max_prompt_chars}")
-        png = await asyncio.get_running_loop().run_in_executor(self._pool, self._generate, prompt, self.seed)
+        png = await self._pool.run(self._generate, prompt, self.seed)
         short = prompt if len(prompt) <= 60 else prompt[:57] + "..."
         return ToolResult(
             f"An image of {short} ({self.size}x{self.size} PNG).",
@@ -121,4 +121,4 @@ class ImageGen:
         )
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()

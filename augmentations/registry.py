@@ -56,6 +56,12 @@ class Registry:
         for alias in aliases:
             self._aliases[tool_name_key(alias)] = key
 
+    def remove(self, name: str) -> Augmentation:
+        """Take a tool out (and its aliases); the executor is returned, not closed."""
+        key = tool_name_key(self.get(name).name)
+        self._aliases = {a: k for a, k in self._aliases.items() if k != key}
+        return self._by_key.pop(key)
+
     def resolve(self, name: str) -> str | None:
         """The executor name a tool name or alias refers to (None: no such tool)."""
         key = tool_name_key(name)

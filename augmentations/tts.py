@@ -12,16 +12,15 @@ Backends, chosen by the `backend` setting (`auto` picks the first that works her
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import io
 import shutil
 import wave
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from augmentations.base import Artifact, CallContext, ToolError, ToolResult
+from augmentations.workers import WorkerPool
 
 BACKENDS = ("bark", "piper", "espeak-ng")
 
@@ -52,7 +51,8 @@ class Speech:
         self.model, self.voice, self.max_chars = model, voice, max_chars
         self.max_seconds, self.seed = max_seconds, seed
         self._engine: Any = None
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tts")
+        # A fresh worker after a hang or a crash builds its own (the old one may still hold it).
+        self._pool = WorkerPool("tts", on_replace=lambda: setattr(self, "_engine", None))
 
     @staticmethod
     def _pick(backend: str, model: str | None, voice: str | None) -> str:
@@ -110,11 +110,11 @@ class Speech:
             raise ToolError("TTS needs the text to say")
         if len(text) > self.max_chars:
             raise ToolError(f"the text is {len(text)} characters; at most {self.max_chars}")
-        wav = await asyncio.get_running_loop().run_in_executor(self._pool, self._synth, text)
+        wav = await self._pool.run(self._synth, text)
         return ToolResult(
             f"Spoke {len(text.split())} words ({wav_seconds(wav):.1f} s of audio).",
             artifacts=(Artifact("audio", "audio/wav", wav),),
         )
 
     async def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.close()

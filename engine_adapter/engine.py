@@ -53,8 +53,9 @@ class InterceptEngine:
 
     # ------------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        from vllm.v1.engine.async_llm import AsyncLLM
-
+        # Importing vLLM takes 10-30 s on a loaded machine: in a thread, so the event loop keeps serving
+        # (health checks answer "starting") meanwhile.
+        AsyncLLM = await asyncio.to_thread(_async_llm_class)  # noqa: N806
         self.model_path = await asyncio.to_thread(resolve_model, self.config.model)
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.
@@ -104,13 +105,17 @@ class InterceptEngine:
         top_p: float = 1.0,
         seed: int | None = None,
         ignore_eos: bool = False,
+        history: Sequence[int] = (),
     ) -> Session:
+        """A new session; `history` restores one whose context is known (its tokens, exactly): the first
+        turn then opens a vLLM request over all of it, so its KV is rebuilt by recompute."""
         if self.llm is None:
             raise EngineError("the engine is not started")
         sid = session_id or uuid.uuid4().hex
         if sid in self._sessions:
             raise EngineError(f"session {sid} exists")
-        s = Session(self, sid, tools or {}, max_tokens, dict(temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos))
+        s = Session(self, sid, tools or {}, max_tokens, dict(temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos),
+                    history=history)
         self._sessions[sid] = s
         return s
 
@@ -154,6 +159,28 @@ class InterceptEngine:
             kv_hints=build_hints(session.id, session.tools),
         )
 
+    @property
+    def dead(self) -> bool:
+        """The engine-core process died (vLLM's own monitor noticed; every call would fail)."""
+        return self.llm is not None and bool(self.llm.errored)
+
+    def dead_reason(self) -> str:
+        """Which engine process ended and how, as far as vLLM's process manager knows."""
+        manager = self._core_manager()
+        finished = manager.finished_procs() if manager is not None else {}
+        if finished:
+            return ", ".join(f"{name} exited with code {code}" for name, code in finished.items())
+        return "the engine core stopped answering"
+
+    def core_pids(self) -> list[int]:
+        """Process ids of the engine-core processes vLLM started for this engine (empty in-process)."""
+        manager = self._core_manager()
+        return [p.pid for p in manager.processes if p.pid is not None] if manager is not None else []
+
+    def _core_manager(self) -> Any:
+        core = getattr(self.llm, "engine_core", None)
+        return getattr(getattr(core, "resources", None), "engine_manager", None)
+
     def spawn(self, coro: Any) -> None:
         """Run a cleanup coroutine the engine awaits at shutdown (used by `Session`)."""
         task = asyncio.ensure_future(coro)
@@ -184,6 +211,12 @@ class InterceptEngine:
     async def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None = None) -> bool:
         """Refine the type / expected duration of a session's current pause."""
         return await self._call("tag", session_id, aug_type, expected_duration_s)
+
+
+def _async_llm_class() -> Any:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM
 
 
 def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -> Any:

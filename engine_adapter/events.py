@@ -20,6 +20,10 @@ class ContextTooLong(EngineError):
         self.tokens, self.limit = tokens, limit
 
 
+class EngineDead(EngineError):
+    """The engine-core process died under a turn (the gateway restarts the engine)."""
+
+
 class SessionBusy(EngineError):
     pass
 

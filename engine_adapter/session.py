@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine_adapter.events import (
     ContextTooLong,
+    EngineDead,
     EngineError,
     Resumed,
     SessionBusy,
@@ -44,13 +45,17 @@ class Session:
         tools: Mapping[str, ToolHint],
         max_tokens: int,
         sampling: Mapping[str, Any],
+        history: Sequence[int] = (),
     ) -> None:
         self.engine = engine
         self.id = session_id
         self.tools = dict(tools)
         self.max_tokens = max_tokens
         self.sampling = dict(sampling)
-        self.history: list[int] = []  # every context token, in order
+        # Every context token, in order. A restored session starts with the context it had (its first
+        # turn opens a new vLLM request over all of it: the KV is rebuilt by recompute).
+        self.history: list[int] = list(history)
+        self._live: list[int] = []  # tokens of the turn in progress, not yet moved into history
         self.turns = 0
         self.closed = False
         self._pending_last: int | None = None  # last sampled token, not yet in the engine's KV
@@ -69,6 +74,24 @@ class Session:
     def context_tokens(self) -> int:
         """Tokens in the session's context: history plus the last sampled token, not yet fed back."""
         return len(self.history) + (self._pending_last is not None)
+
+    @property
+    def context_len(self) -> int:
+        """Length of `context_since(0)`: what the session's context holds, the turn in progress included."""
+        return len(self.history) + (self._pending_last is not None) + len(self._live)
+
+    def context_since(self, start: int) -> list[int]:
+        """The context tokens from position `start` on: history, the last sampled token, then the tokens
+        of the turn in progress. This sequence only ever grows (a turn appends its input, then each
+        sampled token; a turn's end or an abort moves tokens between the parts without changing it), so
+        a copy kept by appending `context_since(len(copy))` is the context, token for token."""
+        pending = [self._pending_last] if self._pending_last is not None else []
+        out: list[int] = []
+        for part in (self.history, pending, self._live):
+            if start < len(part):
+                out.extend(part[start:])
+            start = max(0, start - len(part))
+        return out
 
     def check_room(self, new_tokens: int) -> int:
         """The context after appending `new_tokens`; ContextTooLong unless at least one token more
@@ -133,19 +156,24 @@ class Session:
                 comp = out.outputs[0]
                 if comp.token_ids:
                     out_ids.extend(comp.token_ids)
+                    self._live.extend(comp.token_ids)
                     text_parts.append(comp.text)
                     yield TokenDelta(comp.text, list(comp.token_ids))
                 if comp.finish_reason is not None:
                     break
-        except BaseException:
+        except BaseException as e:
             # Cancelled (client gone) or the engine failed: vLLM's generate() aborts the request on
             # cancellation, freeing its KV. Keep what was generated as context.
             self._drop_request()
+            self._live.clear()
             if out_ids:
                 self.history.extend(out_ids)
+            if isinstance(e, Exception) and self.engine.dead:
+                raise EngineDead(f"the engine core died: {self.engine.dead_reason()}") from e
             raise
         text = "".join(text_parts)
         reason = comp.finish_reason
+        self._live.clear()  # moved into history (and _pending_last) below, with no await in between
         if reason == "abort":
             self._drop_request(abort=False)
             self.history.extend(out_ids)

@@ -1,48 +1,105 @@
-"""Images and audio the augmentations produce, kept in memory and served at /v1/artifacts/{id}.
+"""Images and audio the augmentations produce, served at /v1/artifacts/{id}.
 
 Ids are unguessable (128 random bits): knowing the URL is the capability to read it, so an <img> or
 <audio> tag can load it. The store is bounded in bytes; the oldest artifacts go first.
+
+With a folder (the state folder's `artifacts/`, beside the session store) each artifact is a file,
+`<folder>/<session id>/<artifact id>`, written before the event that names it is sent (a small write into
+the page cache: it survives the process like the store's commits do). A restart keeps the files of the
+sessions that are still live (`load`), within the bound, oldest dropped first, and removes the rest.
+Without a folder they live in memory and end with the process.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
+from pathlib import Path
 
 from augmentations.base import Artifact
 
+log = logging.getLogger("infercept.gateway")
 EXT = {"image/png": "png", "audio/wav": "wav", "image/jpeg": "jpg"}
+MIME = {ext: mime for mime, ext in EXT.items()}
+NO_SESSION = "_"
 
 
 @dataclass(frozen=True)
 class Stored:
-    artifact: Artifact
+    mime: str
+    size: int
     session_id: str | None
     created_s: float
+    data: bytes | None = None  # in memory
+    path: Path | None = None  # on disk
+
+    def read(self) -> bytes:
+        if self.data is not None:
+            return self.data
+        assert self.path is not None
+        return self.path.read_bytes()
 
 
 class ArtifactStore:
-    def __init__(self, max_bytes: int, prefix: str = "/v1/artifacts/") -> None:
-        self.max_bytes, self.prefix = max_bytes, prefix
+    def __init__(self, max_bytes: int, folder: Path | None = None, prefix: str = "/v1/artifacts/") -> None:
+        self.max_bytes, self.folder, self.prefix = max_bytes, folder, prefix
         self._items: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
+        if folder is not None:
+            folder.mkdir(parents=True, exist_ok=True)
 
     def put(self, artifact: Artifact, session_id: str | None = None) -> str:
         """Store and return the artifact's URL path."""
-        if len(artifact.data) > self.max_bytes:
-            raise ValueError(f"artifact of {len(artifact.data)} bytes exceeds the store ({self.max_bytes})")
+        size = len(artifact.data)
+        if size > self.max_bytes:
+            raise ValueError(f"artifact of {size} bytes exceeds the store ({self.max_bytes})")
         aid = secrets.token_urlsafe(16) + "." + EXT.get(artifact.mime, "bin")
-        self._items[aid] = Stored(artifact, session_id, time.time())
-        self._bytes += len(artifact.data)
-        while self._bytes > self.max_bytes:
-            _, old = self._items.popitem(last=False)
-            self._bytes -= len(old.artifact.data)
+        if self.folder is not None:
+            path = self.folder / (session_id or NO_SESSION) / aid
+            path.parent.mkdir(exist_ok=True)
+            path.write_bytes(artifact.data)
+            item = Stored(artifact.mime, size, session_id, time.time(), path=path)
+        else:
+            item = Stored(artifact.mime, size, session_id, time.time(), data=artifact.data)
+        self._add(aid, item)
         return self.prefix + aid
 
     def get(self, aid: str) -> Stored | None:
         return self._items.get(aid)
+
+    def load(self, live_sessions: Iterable[str]) -> int:
+        """After a restart: index the files of live sessions (oldest first, within the bound) and remove
+        the others. Returns how many were kept."""
+        if self.folder is None:
+            return 0
+        live = set(live_sessions)
+        found: list[tuple[float, str, Path]] = []
+        for sub in self.folder.iterdir():
+            if not sub.is_dir() or sub.name not in live:
+                shutil.rmtree(sub, ignore_errors=True) if sub.is_dir() else sub.unlink(missing_ok=True)
+                continue
+            for f in sub.iterdir():
+                found.append((f.stat().st_mtime, sub.name, f))
+        for mtime, sid, f in sorted(found):
+            self._add(f.name, Stored(MIME.get(f.suffix.lstrip("."), "application/octet-stream"), f.stat().st_size, sid, mtime, path=f))
+        return len(self._items)
+
+    def _add(self, aid: str, item: Stored) -> None:
+        self._items[aid] = item
+        self._bytes += item.size
+        while self._bytes > self.max_bytes:
+            self._remove(next(iter(self._items)))
+
+    def _remove(self, aid: str) -> None:
+        item = self._items.pop(aid)
+        self._bytes -= item.size
+        if item.path is not None:
+            item.path.unlink(missing_ok=True)
 
     def __len__(self) -> int:
         return len(self._items)

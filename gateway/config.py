@@ -5,6 +5,7 @@ errors that name the key."""
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,23 +38,45 @@ class ServerConfig:
     tool_timeout_s: float = 60.0  # default per-call timeout (augmentations.<name>.timeout_s wins)
     artifact_store_mb: int = 256  # images and audio kept in memory (oldest dropped first)
     model_name: str | None = None  # the name /v1/models reports (default: the engine's model)
+    # The durable session store (SQLite): default $INFERCEPT_HOME/state/sessions.db; ":memory:" keeps
+    # nothing across restarts. Artifacts of live sessions are kept in the folder beside it.
+    state_path: str | None = None
+    drain_s: float = 30.0  # on SIGTERM: how long running turns may finish before the server stops
+    max_queued_turns: int = 1024  # turns in progress at once (generating or in a server tool); 503 beyond
+    sse_ping_s: float = 15.0  # an SSE comment this often while a stream is quiet (proxies keep it open)
+    backlog: int = 4096  # the listening socket's accept queue (the kernel caps it at net.core.somaxconn)
+    restart_engine: bool = True  # when the engine-core process dies: start a new one, restore the sessions
+
+    def resolved_state_path(self) -> str:
+        if self.state_path:
+            return self.state_path
+        home = os.environ.get("INFERCEPT_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "infercept")
+        return os.path.join(home, "state", "sessions.db")
 
 
 @dataclass(frozen=True)
 class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
     augmentations: Mapping[str, Mapping[str, Any]] = field(default_factory=lambda: dict(DEFAULT_AUGMENTATIONS))
+    # `augmentations.max_result_chars`: a tool result longer than this is cut, with a note saying so, before
+    # the model, the client or the store see it (default: server.max_observation_chars).
+    max_result_chars: int | None = None
+
+    @property
+    def result_limit(self) -> int:
+        return self.max_result_chars or self.server.max_observation_chars
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
     "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,), "max_reprompts": (int,),
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
-    "model_name": (str, type(None)),
+    "model_name": (str, type(None)), "state_path": (str, type(None)), "drain_s": (int, float),
+    "max_queued_turns": (int,), "sse_ping_s": (int, float), "backlog": (int,), "restart_engine": (bool,),
 }
 
 
-_ZERO_OK = {"max_reprompts"}
+_ZERO_OK = {"max_reprompts", "drain_s"}
 
 
 def server_config(data: Mapping[str, Any]) -> ServerConfig:
@@ -62,9 +85,9 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
     if unknown:
         raise ValueError(f"server: unknown setting(s) {', '.join(unknown)}")
     for key, value in data.items():
-        if not isinstance(value, _TYPES[key]) or isinstance(value, bool):
+        if not isinstance(value, _TYPES[key]) or (isinstance(value, bool) and bool not in _TYPES[key]):
             raise ValueError(f"server.{key}: expected {' or '.join(t.__name__ for t in _TYPES[key])}, got {value!r}")
-        if isinstance(value, (int, float)) and key != "port" and (value < 0 if key in _ZERO_OK else value <= 0):
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "port" and (value < 0 if key in _ZERO_OK else value <= 0):
             raise ValueError(f"server.{key} must be {'>= 0' if key in _ZERO_OK else 'positive'}")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
@@ -82,4 +105,8 @@ def load_gateway_config(path: str | None, **server_overrides: Any) -> GatewayCon
     augs = DEFAULT_AUGMENTATIONS if augs is None else augs
     if not isinstance(augs, Mapping):
         raise ValueError("augmentations: expected a mapping of tool name to settings")
-    return GatewayConfig(server=server_config(server), augmentations=validate_settings(augs))
+    augs = dict(augs)
+    limit = augs.pop("max_result_chars", None)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError("augmentations.max_result_chars must be a positive integer")
+    return GatewayConfig(server=server_config(server), augmentations=validate_settings(augs), max_result_chars=limit)

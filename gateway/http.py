@@ -16,7 +16,9 @@ class ApiError(Exception):
 
 
 def error_response(status: int, kind: str, message: str, **extra: Any) -> web.Response:
-    return web.json_response({"error": {"type": kind, "message": message, **extra}}, status=status)
+    """`{"error": {"type", "message", ...}}`; a `retry_after` (seconds) also goes out as `Retry-After`."""
+    headers = {"Retry-After": str(extra["retry_after"])} if extra.get("retry_after") is not None else None
+    return web.json_response({"error": {"type": kind, "message": message, **extra}}, status=status, headers=headers)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:
@@ -26,46 +28,17 @@ async def read_json(request: web.Request) -> dict[str, Any]:
         body = await request.json(loads=json.loads)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, "invalid_json", f"malformed JSON: {e}") from e
+    except RecursionError:
+        raise ApiError(400, "invalid_json", "JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, "invalid_request", "the body must be a JSON object")
     return body
 
 
-_TYPE_NAMES = {str: "a string", bool: "a boolean", int: "an integer", list: "a list", dict: "an object", float: "a number"}
-
-
-def field(body: Mapping[str, Any], name: str, kind: type | tuple[type, ...], *, required: bool = False, default: Any = None) -> Any:
-    """body[name] checked against `kind` (bool is never accepted as a number)."""
-    if name not in body or body[name] is None:
-        if required:
-            raise ApiError(400, "invalid_request", f"'{name}' is required")
-        return default
-    value = body[name]
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
-    if not ok:
-        want = " or ".join(_TYPE_NAMES.get(k, k.__name__) for k in kinds)
-        raise ApiError(400, "invalid_request", f"'{name}' must be {want}")
-    return value
-
-
-def int_field(body: Mapping[str, Any], name: str, lo: int, hi: int, default: int | None = None) -> int | None:
-    value = field(body, name, int, default=default)
-    if value is not None and not lo <= value <= hi:
-        raise ApiError(400, "invalid_request", f"'{name}' must be between {lo} and {hi}")
-    return value
-
-
-def number_field(body: Mapping[str, Any], name: str, lo: float, hi: float, default: float) -> float:
-    value = field(body, name, (int, float), default=default)
-    if not lo <= value <= hi:
-        raise ApiError(400, "invalid_request", f"'{name}' must be between {lo:g} and {hi:g}")
-    return float(value)
-
-
 def error_status(error_event: Mapping[str, Any]) -> int:
     """The HTTP status of a non-streamed response whose events ended in an `error` event."""
-    return {"context_too_long": 413, "session_closed": 410}.get(str(error_event.get("type")), 500)
+    return {"context_too_long": 413, "session_closed": 410, "engine_died": 503,
+            "shutting_down": 503}.get(str(error_event.get("type")), 500)
 
 
 class SSE:
@@ -82,20 +55,37 @@ class SSE:
     async def open(self) -> None:
         await self.response.prepare(self.request)
 
-    async def send(self, event: str | None, data: Any) -> None:
+    @staticmethod
+    def encode(event: str | None, data: Any) -> str:
         payload = data if isinstance(data, str) else json.dumps(data, ensure_ascii=False)
         head = f"event: {event}\n" if event else ""
-        await self.response.write(f"{head}data: {payload}\n\n".encode())
+        return f"{head}data: {payload}\n\n"
+
+    async def send(self, event: str | None, data: Any) -> None:
+        await self.response.write(self.encode(event, data).encode())
+
+    async def send_many(self, events: list[tuple[str | None, Any]]) -> None:
+        """Several events in one write (one committed batch of a session's events)."""
+        await self.response.write("".join(self.encode(e, d) for e, d in events).encode())
+
+    async def ping(self) -> None:
+        """A comment line: ignored by SSE readers, keeps proxies from closing a quiet stream."""
+        await self.response.write(b": ping\n\n")
 
     async def close(self) -> web.StreamResponse:
         await self.response.write_eof()
         return self.response
 
 
-async def stream_events(request: web.Request, first: tuple[str, dict[str, Any]], rest: AsyncIterator[tuple[str, dict[str, Any]]]) -> web.StreamResponse:
+async def stream_batches(request: web.Request, first: list[tuple[str, dict[str, Any]]],
+                         rest: AsyncIterator[list[tuple[str, dict[str, Any]]]]) -> web.StreamResponse:
+    """An SSE response of a session's event batches: one write per batch, a ping for an empty one."""
     sse = SSE(request)
     await sse.open()
-    await sse.send(first[0], first[1])
-    async for name, data in rest:
-        await sse.send(name, data)
+    await sse.send_many(list(first))
+    async for batch in rest:
+        if batch:
+            await sse.send_many(list(batch))
+        else:
+            await sse.ping()
     return await sse.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections import Counter as TallyCounter
 from collections.abc import Iterable
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -45,6 +46,15 @@ class GatewayMetrics:
         self.paused = Gauge("infercept_paused_requests", "Requests paused in a call", registry=r)
         self.engine_intercepts = Gauge("infercept_engine_intercepts", "Pauses seen by the engine (tool calls and turn ends)", registry=r)
         self.recompute_share = Gauge("infercept_recompute_share_of_forward", "Share of forward time spent recomputing", registry=r)
+        self.engine_restarts = Counter("infercept_engine_restarts", "Engines restarted after their core process died", registry=r)
+        self.store_commit = Histogram("infercept_store_commit_seconds", "Time from a session's commit to the store's "
+                                      "acknowledgement (paid before each batch of events is sent)",
+                                      buckets=(0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1),
+                                      registry=r)
+        self.store_transactions = Gauge("infercept_store_transactions", "Transactions the session store committed "
+                                        "(several sessions' commits share one)", registry=r)
+        self.turns_in_progress = Gauge("infercept_turns_in_progress", "Turns generating or in a server tool "
+                                       "(bounded by server.max_queued_turns)", registry=r)
 
     def intercept(self, aug_type: str, policy: str) -> None:
         self.intercepts.labels(aug_type, policy).inc()
@@ -70,6 +80,10 @@ class GatewayMetrics:
         tally = TallyCounter(session_states)
         for state in ("generating", "in_tool", "awaiting_user"):
             self.sessions.labels(state).set(tally.get(state, 0))
+
+    def refresh_gateway(self, turns_in_progress: int, store: Any) -> None:
+        self.turns_in_progress.set(turns_in_progress)
+        self.store_transactions.set(store.commits)
 
     def render(self, with_vllm: bool = False) -> bytes:
         """Ours, plus vLLM's own families (`vllm:*`, in prometheus_client's default registry) when the

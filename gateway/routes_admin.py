@@ -1,30 +1,33 @@
-"""Health, tools, artifacts, Prometheus metrics and the engine's accounting."""
+"""Health, tools, artifacts, Prometheus metrics, the engine's accounting, and the API's own document."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from aiohttp import web
 
+from gateway.api import Api
 from gateway.app import gw_of
 from gateway.http import ApiError
 from gateway.metrics import CONTENT_TYPE
+from gateway.schemas import Health, Stats, ToolList
 
-routes = web.RouteTableDef()
+api = Api("admin")
+routes = api.routes
+log = logging.getLogger("infercept.gateway")
 
 
-@routes.get("/healthz")
+@api.route("GET", "/healthz", "Readiness: 200 once the engine answered", ok={200: Health}, errors=(503,))
 async def healthz(request: web.Request) -> web.Response:
-    gw = gw_of(request)
-    body = {"model": gw.engine_config.model, "policy": gw.engine_config.policy}
-    if gw.ready.is_set():
-        return web.json_response({"status": "ok", **body})
-    if gw.start_error is not None:
-        return web.json_response({"status": "failed", "error": str(gw.start_error), **body}, status=503)
-    return web.json_response({"status": "starting", **body}, status=503)
+    """503 while the engine starts or restarts (with the reason), while draining for shutdown, or if it
+    failed to start."""
+    status, body = gw_of(request).health()
+    headers = {"Retry-After": "5"} if status == 503 and body["status"] != "failed" else None
+    return web.json_response(body, status=status, headers=headers)
 
 
-@routes.get("/v1/tools")
+@api.route("GET", "/v1/tools", "The server's tools", ok={200: ToolList})
 async def list_tools(request: web.Request) -> web.Response:
     gw = gw_of(request)
     hints = gw.registry.hints()
@@ -34,31 +37,43 @@ async def list_tools(request: web.Request) -> web.Response:
         for ex in (gw.registry.get(n) for n in gw.registry.names())]})
 
 
-@routes.get("/v1/artifacts/{aid}")
+@api.route("GET", "/v1/artifacts/{aid}", "An image or audio file a tool made", ok={200: "application/octet-stream"}, errors=(404,))
 async def get_artifact(request: web.Request) -> web.Response:
+    """The URL is the capability (unguessable): no key or token needed, so an <img> can load it."""
     item = gw_of(request).artifacts.get(request.match_info["aid"])
     if item is None:
         raise ApiError(404, "not_found", "no such artifact (it may have expired)")
-    return web.Response(body=item.artifact.data, content_type=item.artifact.mime,
-                        headers={"Cache-Control": "private, max-age=3600"})
+    try:
+        data = item.read()
+    except FileNotFoundError:
+        raise ApiError(404, "not_found", "no such artifact (it may have expired)") from None
+    return web.Response(body=data, content_type=item.mime, headers={"Cache-Control": "private, max-age=3600"})
 
 
-@routes.get("/metrics")
+@api.route("GET", "/metrics", "Prometheus metrics (infercept's and vLLM's)", ok={200: "text/plain"})
 async def metrics(request: web.Request) -> web.Response:
     gw = gw_of(request)
     if gw.ready.is_set():
-        gw.metrics.refresh(await gw.engine.stats(), gw.session_states())
+        try:
+            gw.metrics.refresh(await gw.engine.stats(), gw.session_states())
+        except Exception as e:  # the engine went away under the scrape: serve the last values
+            log.warning("metrics: engine stats unavailable (%s)", e)
+    gw.metrics.refresh_gateway(gw.table.busy_count(), gw.store)
     return web.Response(body=gw.metrics.render(with_vllm=gw.engine_config.log_stats), headers={"Content-Type": CONTENT_TYPE})
 
 
-@routes.get("/v1/stats")
+@api.route("GET", "/v1/stats", "The engine's accounting: KV blocks by state, totals, waste", ok={200: Stats}, errors=(503,))
 async def engine_stats(request: web.Request) -> web.Response:
-    """The engine's own accounting (KV blocks by state, totals, waste), as JSON for dashboards."""
+    """For dashboards and load tests: KV blocks by state (checked: free + running + preserved == total),
+    requests running and waiting in the engine, turns in progress, and the session store's commits."""
     gw = gw_of(request)
     gw.require_ready()
     stats = await gw.engine.stats()
+    integrity = await gw.engine.check_integrity()
     return web.json_response({
         "blocks": dataclasses.asdict(stats.blocks), "block_size": stats.block_size, "policy": stats.policy,
         "totals": dataclasses.asdict(stats.totals), "waste": dataclasses.asdict(stats.waste), "paused": stats.paused,
         "running": stats.running, "waiting": stats.waiting, "sessions": len(gw.sessions),
+        "turns_in_progress": gw.table.busy_count(), "integrity": dataclasses.asdict(integrity),
+        "store": {"path": gw.store.path, "commits": gw.store.commits, "writes": gw.store.writes},
     })

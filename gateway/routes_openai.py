@@ -16,30 +16,35 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from aiohttp import web
 
-from gateway.agent import AgentSession
+from gateway.agent import AgentError, AgentSession
+from gateway.api import Api
 from gateway.app import gw_of
 from gateway.calls import intercept_json
-from gateway.http import (
-    SSE,
-    ApiError,
-    error_response,
-    error_status,
-    field,
-    int_field,
-    number_field,
-    read_json,
-)
+from gateway.channel import Event
+from gateway.http import SSE, ApiError, error_response, error_status, read_json
 from gateway.prompts import PromptBuilder, ToolSpec
-from gateway.routes_sessions import parse_tool_choice
+from gateway.schemas_openai import (
+    AssistantMessage,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    ModelList,
+    NamedToolChoice,
+    ToolDef,
+    ToolMessage,
+)
 from gateway.state import Gateway
-from gateway.toolcalls import json_args_to_text
+from gateway.toolcalls import ToolChoice, json_args_to_text
+from gateway.validation import invalid, validate
 
-routes = web.RouteTableDef()
+api = Api("openai")
+routes = api.routes
 
 
 def served_names(gw: Gateway) -> list[str]:
@@ -49,7 +54,7 @@ def served_names(gw: Gateway) -> list[str]:
     return names
 
 
-@routes.get("/v1/models")
+@api.route("GET", "/v1/models", "The served model (OpenAI's list)", ok={200: ModelList})
 async def list_models(request: web.Request) -> web.Response:
     gw = gw_of(request)
     return web.json_response({"object": "list", "data": [
@@ -57,61 +62,51 @@ async def list_models(request: web.Request) -> web.Response:
          "max_model_len": gw.engine_config.max_model_len}]})
 
 
-def split_tools(gw: Gateway, tools: Sequence[Any]) -> tuple[list[str], dict[str, dict[str, Any]]]:
+def split_tools(gw: Gateway, tools: Sequence[ToolDef]) -> tuple[list[str], dict[str, dict[str, Any]]]:
     """(server augmentations, client functions) named in an OpenAI `tools` list."""
     server: list[str] = []
     client: dict[str, dict[str, Any]] = {}
     for t in tools:
-        fn = t.get("function") if isinstance(t, dict) else None
-        if not isinstance(t, dict) or t.get("type", "function") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-            raise ApiError(400, "invalid_request", "each tool is {\"type\": \"function\", \"function\": {\"name\": ..., ...}}")
-        name = fn["name"]
-        match = gw.registry.resolve(name)
+        fn = t.function
+        match = gw.registry.resolve(fn.name)
         if match is not None:
             if match not in server:
                 server.append(match)
         else:
-            params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-            client[name] = {"description": str(fn.get("description") or "a function the client runs"),
-                            "type": "default", "expected_s": None, "parameters": params}
+            client[fn.name] = {"description": fn.description or "a function the client runs",
+                               "type": "default", "expected_s": None, "parameters": fn.parameters or {}}
     return server, client
 
 
-def render_messages(pb: PromptBuilder, specs: list[ToolSpec], messages: Sequence[Any]) -> str:
-    """The prompt text for an OpenAI message list. A conversation that ends inside an assistant
+def _text(content: Any) -> str:
+    """A message's content as text (content parts: their text; validation refused other kinds)."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    return "".join(getattr(p, "text", "") for p in content)
+
+
+def render_messages(pb: PromptBuilder, specs: list[ToolSpec], messages: Sequence[ChatMessage]) -> str:
+    """The prompt text for a validated OpenAI message list. A conversation that ends inside an assistant
     message (tool results just sent back) continues that message."""
-    if not messages:
-        raise ApiError(400, "invalid_request", "'messages' is empty")
     system: list[str] = []
     chat: list[dict[str, str]] = []
-    for i, m in enumerate(messages):
-        if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
-            raise ApiError(400, "invalid_request", f"messages[{i}]: role must be system, user, assistant or tool")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = "".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        if content is not None and not isinstance(content, str):
-            raise ApiError(400, "invalid_request", f"messages[{i}].content must be a string or text parts")
-        content = content or ""
-        role = m["role"]
-        if role in ("system", "developer"):
+    for m in messages:
+        content = _text(m.content)
+        if m.role in ("system", "developer"):
             system.append(content)
-        elif role == "user":
+        elif m.role == "user":
             chat.append({"role": "user", "content": content})
-        elif role == "assistant":
+        elif isinstance(m, AssistantMessage):
             text = content
-            for tc in m.get("tool_calls") or []:
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
-                    raise ApiError(400, "invalid_request", f"messages[{i}].tool_calls: each needs function.name")
-                text += ("\n" if text and not text.endswith("\n") else "") + f"Action: {fn['name']}[{json_args_to_text(fn.get('arguments') or '')}]"
+            for tc in m.tool_calls or []:
+                text += ("\n" if text and not text.endswith("\n") else "") + f"Action: {tc.function.name}[{json_args_to_text(tc.function.arguments)}]"
             chat.append({"role": "assistant", "content": text})
-        else:
-            if not chat or chat[-1]["role"] != "assistant":
-                raise ApiError(400, "invalid_request", f"messages[{i}]: a tool message must follow an assistant message with tool_calls")
-            chat[-1]["content"] += PromptBuilder.observation(content)
+        elif isinstance(m, ToolMessage):
+            chat[-1]["content"] += PromptBuilder.observation(content)  # validation: it follows its assistant message
     head = [{"role": "system", "content": pb.system_text("\n\n".join(system) or None, specs)}, *pb.few_shot(specs)]
-    if chat[-1]["role"] == "assistant":
+    if chat and chat[-1]["role"] == "assistant":
         return pb.render(head + chat[:-1]) + chat[-1]["content"]
     return pb.render(head + chat)
 
@@ -129,34 +124,57 @@ def client_arguments(spec: Mapping[str, Any], text: str) -> str:
     return json.dumps({key: text})
 
 
-@routes.post("/v1/chat/completions")
+@api.route("POST", "/v1/chat/completions", "OpenAI chat completion, streamed or not", body=ChatCompletionRequest,
+           ok={200: ChatCompletion}, errors=(400, 404, 413, 500, 503), events={"chunk": ChatCompletionChunk},
+           description="Server augmentations named as function tools run inside the request with intercepts; any other "
+                       "function the model calls comes back as tool_calls. Streamed: `data: <chunk>` messages, then "
+                       "`data: [DONE]`.")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)
     ctx = gw.require_ready()
     body = await read_json(request)
-    model = field(body, "model", str)
-    if model is not None and model not in served_names(gw):
-        return error_response(404, "model_not_found", f"model {model!r} is not served here; try {served_names(gw)[0]!r}")
-    messages = field(body, "messages", list, required=True)
-    if field(body, "n", int, default=1) != 1:
-        raise ApiError(400, "invalid_request", "only n=1 is supported")
+    req = validate(ChatCompletionRequest, body)
+    problems = req.problems()
+    if problems:
+        raise invalid(problems)
+    if req.model is not None and req.model not in served_names(gw):
+        return error_response(404, "model_not_found", f"model {req.model!r} is not served here; try {served_names(gw)[0]!r}")
+    if (req.n or 1) != 1:
+        raise ApiError(400, "invalid_request", "'n': only n=1 is supported")
     limit = gw.engine_config.max_model_len
-    max_tokens = int_field(body, "max_completion_tokens", 1, limit) or int_field(body, "max_tokens", 1, limit) or gw.config.server.max_tokens
-    temperature = number_field(body, "temperature", 0, 2, default=0.0)
-    stream = field(body, "stream", bool, default=False)
-    server_tools, client_tools = split_tools(gw, field(body, "tools", list, default=[]))
-    tool_choice = parse_tool_choice(body)
+    max_tokens = req.max_completion_tokens or req.max_tokens or gw.config.server.max_tokens
+    if max_tokens > limit:
+        raise ApiError(400, "invalid_request", f"'max_tokens' must be at most {limit} (the model's context length)")
+    server_tools, client_tools = split_tools(gw, req.tools or [])
+    tool_choice: ToolChoice = "auto"
+    if isinstance(req.tool_choice, NamedToolChoice):
+        tool_choice = {"name": req.tool_choice.function.name}
+    elif req.tool_choice is not None:
+        tool_choice = req.tool_choice
     if tool_choice == "none":
         server_tools, client_tools = [], {}
         tool_choice = "auto"
-    s = gw.open_session(system=None, tools=server_tools, client_tools=client_tools, max_tokens=max_tokens,
-                        temperature=temperature, seed=field(body, "seed", int), ephemeral=True)
+    gw.admit_turn()
+    s = await gw.open_session(system=None, tools=server_tools, client_tools=client_tools, max_tokens=max_tokens,
+                              temperature=req.temperature if req.temperature is not None else 0.0, seed=req.seed, ephemeral=True)
     try:
-        text = render_messages(ctx.prompts, s.tool_specs(), messages)
+        text = render_messages(ctx.prompts, s.tool_specs(), req.messages)
         s.start(gw.engine.encode(text), tool_choice)
-        return await (_stream(request, gw, s) if stream else _complete(gw, s))
+        return await (_stream(request, gw, s) if req.stream else _complete(gw, s))
+    except AgentError:
+        gw.metrics.messages.labels("chat_completions", "refused").inc()
+        raise
     finally:
         await gw.close_session(s.id)
+
+
+async def _events(s: AgentSession, ping: Callable[[], Awaitable[None]] | None = None) -> AsyncIterator[Event]:
+    """The completion's events one by one; `ping` is called for each quiet interval (SSE keep-alive)."""
+    async for batch in s.events():
+        if not batch and ping is not None:
+            await ping()
+        for ev in batch:
+            yield ev
 
 
 def _base(s: AgentSession, gw: Gateway, obj: str) -> dict[str, Any]:
@@ -184,7 +202,7 @@ def _finish(gw: Gateway, s: AgentSession, text: str, last: Mapping[str, Any]) ->
 async def _complete(gw: Gateway, s: AgentSession) -> web.Response:
     parts: list[str] = []
     last: dict[str, Any] = {}
-    async for name, data in s.events():
+    async for name, data in _events(s):
         if name == "token":
             parts.append(data["text"])
         elif name == "tool_result":
@@ -221,7 +239,7 @@ async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.Str
     await chunk({"role": "assistant", "content": ""})
     parts: list[str] = []
     last: dict[str, Any] = {}
-    events = s.events()
+    events = _events(s, sse.ping)
     async with contextlib.aclosing(events):
         async for name, data in events:
             if name == "token":

@@ -3,89 +3,85 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from aiohttp import web
 
 from augmentations.registry import find_tool
 from gateway.agent import AgentError, AgentSession, Event
+from gateway.api import Api
 from gateway.app import gw_of
 from gateway.calls import intercept_json
-from gateway.http import (
-    ApiError,
-    error_response,
-    error_status,
-    field,
-    int_field,
-    number_field,
-    read_json,
-    stream_events,
+from gateway.http import ApiError, error_response, error_status, stream_batches
+from gateway.schemas import (
+    EVENTS,
+    ClientTool,
+    CreateSession,
+    MessageResult,
+    PostMessage,
+    PostToolResult,
+    SessionCounts,
+    SessionCreated,
+    SessionInfo,
 )
 from gateway.state import Gateway
 from gateway.toolcalls import ToolChoice
+from gateway.validation import parse
 
-routes = web.RouteTableDef()
+api = Api("sessions")
+routes = api.routes
+SESSION_ERRORS = (400, 403, 404, 503)  # 400: aiohttp refuses a malformed header itself
+TURN_ERRORS = (*SESSION_ERRORS, 409, 410, 413, 500)
 
 
 def session_of(request: web.Request) -> AgentSession:
     return gw_of(request).session(request.match_info["sid"], request.headers.get("X-Session-Token", ""))
 
 
-def parse_client_tools(items: list[Any], server_tools: list[str]) -> dict[str, dict[str, Any]]:
+def client_tools_of(items: list[str | ClientTool], server_tools: list[str]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for item in items:
-        if isinstance(item, str):
-            item = {"name": item}
-        if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"].strip():
-            raise ApiError(400, "invalid_request", "each client tool is a name or {name, description?, type?, expected_s?}")
-        name = item["name"].strip()
-        if not name.replace("_", "").replace("-", "").isalnum() or not name[0].isalpha():
-            raise ApiError(400, "invalid_request", f"client tool name {name!r}: letters, digits, '_' and '-', starting with a letter")
+        tool = ClientTool(name=item) if isinstance(item, str) else item
+        name = tool.name
         if find_tool(name, [*server_tools, *out]) is not None:
             raise ApiError(400, "invalid_request", f"tool {name!r} is declared twice")
-        exp = item.get("expected_s")
-        if exp is not None and (not isinstance(exp, (int, float)) or isinstance(exp, bool) or exp < 0):
-            raise ApiError(400, "invalid_request", "'expected_s' must be a non-negative number")
-        out[name] = {"description": str(item.get("description") or ""), "type": str(item.get("type") or "default"), "expected_s": exp}
+        out[name] = {"description": tool.description or "", "type": tool.type or "default", "expected_s": tool.expected_s}
     return out
 
 
-def parse_tool_choice(body: dict[str, Any]) -> ToolChoice:
-    """"auto" | "required" | "none" | {"name": X} | OpenAI's {"type": "function", "function": {"name": X}}."""
-    choice = field(body, "tool_choice", (str, dict), default="auto")
+def tool_choice_of(choice: Any) -> ToolChoice:
+    """"auto" | "required" | "none" | {"name": X}, from any of the accepted spellings."""
     if isinstance(choice, str):
-        if choice not in ("auto", "required", "none"):
-            raise ApiError(400, "invalid_request", "'tool_choice' must be auto, required, none or {\"name\": TOOL}")
         return choice
-    name = choice.get("name") or (choice.get("function") or {}).get("name")
-    if not isinstance(name, str):
-        raise ApiError(400, "invalid_request", "'tool_choice' object needs a tool name")
-    return {"name": name}
+    return {"name": choice.name if hasattr(choice, "name") else choice.function.name}
 
 
-def message_content(gw: Gateway, body: dict[str, Any]) -> str:
-    """The required 'content' string of a message or tool result, within the configured size."""
-    content: str = field(body, "content", str, required=True)
+def message_content(gw: Gateway, content: str) -> str:
+    """A message's or tool result's content within the configured size."""
     limit = gw.config.server.max_message_chars
     if len(content) > limit:
         raise ApiError(413, "message_too_long", f"'content' has {len(content)} characters; the limit is {limit}")
     return content
 
 
-async def respond(request: web.Request, gw: Gateway, events: AsyncIterator[Event], stream: bool, route: str) -> web.StreamResponse:
-    # The first event (or an AgentError) comes before any header is sent, so a refusal is a clean 4xx.
+async def respond(request: web.Request, gw: Gateway, start: Callable[[], AsyncIterator[list[Event]]], stream: bool,
+                  route: str) -> web.StreamResponse:
+    # The first batch (or an AgentError) comes before any header is sent, so a refusal is a clean 4xx.
     try:
-        first = await events.__anext__()
+        events = start()
+        first: list[Event] = []
+        while not first:  # skip keep-alive pings before the first event
+            first = await events.__anext__()
     except AgentError:
         gw.metrics.messages.labels(route, "refused").inc()
         raise
     async with contextlib.aclosing(events):
         if stream:
-            resp = await stream_events(request, first, events)
+            resp = await stream_batches(request, first, events)
             gw.metrics.messages.labels(route, "ok").inc()
             return resp
-        collected = [first] + [ev async for ev in events]
+        collected = first + [ev async for batch in events for ev in batch]
     name, last = collected[-1]
     out = [{"event": n, **d} for n, d in collected if n != "token"]
     if name == "error":
@@ -97,30 +93,42 @@ async def respond(request: web.Request, gw: Gateway, events: AsyncIterator[Event
                               "text": "".join(d["text"] for n, d in collected if n == "token"), "events": out})
 
 
-@routes.post("/v1/sessions")
+_SESSION = {"path.sid": "$response.body#/id", "header.X-Session-Token": "$response.body#/token"}
+
+
+@api.route("POST", "/v1/sessions", "Open an agent session", body=CreateSession, ok={201: SessionCreated},
+           errors=(400, 413, 429, 503), links={
+               "GetSession": ("GET", "/v1/sessions/{sid}", _SESSION),
+               "PostMessage": ("POST", "/v1/sessions/{sid}/messages", _SESSION),
+               "PostToolResult": ("POST", "/v1/sessions/{sid}/tool_results", _SESSION),
+               "DeleteSession": ("DELETE", "/v1/sessions/{sid}", _SESSION)})
 async def create_session(request: web.Request) -> web.Response:
+    """The response carries the session's token, shown only here: every later call about the session
+    sends it as X-Session-Token."""
     gw = gw_of(request)
     gw.require_ready()
-    body = await read_json(request)
-    system = field(body, "system", str)
-    tool_names = field(body, "tools", list, default=None)
-    tools = gw.resolve_tools(tool_names) if tool_names is not None else gw.registry.names()
-    client_tools = parse_client_tools(field(body, "client_tools", list, default=[]), tools)
-    max_tokens = int_field(body, "max_tokens", 1, gw.engine_config.max_model_len, default=gw.config.server.max_tokens)
-    s = gw.open_session(system=system, tools=tools, client_tools=client_tools, max_tokens=int(max_tokens or 1),
-                        temperature=number_field(body, "temperature", 0, 2, default=0.0), seed=field(body, "seed", int))
+    body = await parse(request, CreateSession)
+    tools = gw.resolve_tools(body.tools) if body.tools is not None else gw.registry.names()
+    client_tools = client_tools_of(body.client_tools, tools)
+    limit = gw.engine_config.max_model_len
+    if body.max_tokens is not None and body.max_tokens > limit:
+        raise ApiError(400, "invalid_request", f"'max_tokens' must be at most {limit} (the model's context length)")
+    s = await gw.open_session(system=body.system, tools=tools, client_tools=client_tools,
+                              max_tokens=body.max_tokens or gw.config.server.max_tokens,
+                              temperature=body.temperature, seed=body.seed)
     return web.json_response({"id": s.id, "token": s.token, "tools": s.tools, "client_tools": list(s.client_tools),
                               "state": s.public_state()}, status=201)
 
 
-@routes.get("/v1/sessions")
+@api.route("GET", "/v1/sessions", "Count the open sessions by state", ok={200: SessionCounts})
 async def list_sessions(request: web.Request) -> web.Response:
-    # Counts by state only: reading or driving a session needs its token.
+    """Counts only: reading or driving a session needs its token."""
     states = gw_of(request).session_states()
     return web.json_response({"sessions": len(states), "by_state": {st: states.count(st) for st in set(states)}})
 
 
-@routes.get("/v1/sessions/{sid}")
+@api.route("GET", "/v1/sessions/{sid}", "Read a session: state, transcript, calls, intercepts", ok={200: SessionInfo},
+           errors=SESSION_ERRORS, session=True)
 async def get_session(request: web.Request) -> web.Response:
     gw = gw_of(request)
     s = session_of(request)
@@ -128,38 +136,44 @@ async def get_session(request: web.Request) -> web.Response:
     desc = s.describe()
     # The engine's records are the authority on what became of each pause (a policy may have
     # swapped or freed a paused context since it paused).
-    desc["intercepts"] = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
+    try:
+        desc["intercepts"] = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
+    except Exception:  # the engine died under the call: the session itself is still what it was
+        if not gw.engine.dead:
+            raise
+        desc["intercepts"] = []
     return web.json_response(desc)
 
 
-@routes.delete("/v1/sessions/{sid}")
+@api.route("DELETE", "/v1/sessions/{sid}", "End a session and free its KV", ok={204: None}, errors=SESSION_ERRORS, session=True)
 async def delete_session(request: web.Request) -> web.Response:
     s = session_of(request)
     await gw_of(request).close_session(s.id)
     return web.Response(status=204)
 
 
-@routes.post("/v1/sessions/{sid}/messages")
+@api.route("POST", "/v1/sessions/{sid}/messages", "Send a message; its turn streams back", body=PostMessage,
+           ok={200: MessageResult}, errors=TURN_ERRORS, session=True, events=EVENTS)
 async def post_message(request: web.Request) -> web.StreamResponse:
+    """A new question, or the answer to a pending AskHuman. Streams token, tool_call, intercept,
+    tool_result, resume, ... then done or error (`stream: false`: one JSON body with every event)."""
     gw = gw_of(request)
     s = session_of(request)
-    body = await read_json(request)
-    content = message_content(gw, body)
+    body = await parse(request, PostMessage)
+    content = message_content(gw, body.content)
     if not content.strip():
         raise ApiError(400, "invalid_request", "'content' is empty")
-    stream = field(body, "stream", bool, default=True)
-    step_format = field(body, "format", str, default="free")
-    if step_format not in ("free", "react"):
-        raise ApiError(400, "invalid_request", "'format' must be free or react")
-    return await respond(request, gw, s.send_message(content, parse_tool_choice(body), step_format), stream, "messages")
+    gw.admit_turn()
+    choice = tool_choice_of(body.tool_choice)
+    return await respond(request, gw, lambda: s.send_message(content, choice, body.format), body.stream, "messages")
 
 
-@routes.post("/v1/sessions/{sid}/tool_results")
+@api.route("POST", "/v1/sessions/{sid}/tool_results", "Post a client tool's result; the turn continues", body=PostToolResult,
+           ok={200: MessageResult}, errors=TURN_ERRORS, session=True, events=EVENTS)
 async def post_tool_result(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)
     s = session_of(request)
-    body = await read_json(request)
-    call_id = field(body, "call_id", str, required=True)
-    content = message_content(gw, body)
-    stream = field(body, "stream", bool, default=True)
-    return await respond(request, gw, s.send_tool_result(call_id, content), stream, "tool_results")
+    body = await parse(request, PostToolResult)
+    content = message_content(gw, body.content)
+    gw.admit_turn()
+    return await respond(request, gw, lambda: s.send_tool_result(body.call_id, content), body.stream, "tool_results")

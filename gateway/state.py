@@ -1,14 +1,24 @@
-"""What the routes share: the engine, the tool registry, the open sessions, metrics and artifacts, and
-their lifecycle (engine start in the background, idle expiry, shutdown). The app factory
-(`gateway.app.create_app`) runs the lifecycle from aiohttp's `cleanup_ctx`."""
+"""What the routes share: the engine, the tool registry, the sessions (live and stored), metrics and
+artifacts, and their lifecycle. The app factory (`gateway.app.create_app`) runs it from aiohttp's
+`cleanup_ctx`:
+
+* start: the engine starts in the background (health answers 503 "starting"), then the stored sessions
+  are read back onto it and the gateway says ready;
+* engine death: a watchdog sees vLLM's engine core gone, health answers 503 "restarting" with the
+  reason, open streams end with an `error` event, and a new engine starts and the sessions are read
+  back from the store (`server.restart_engine`);
+* pressure: beyond `server.max_sessions` 429, beyond `server.max_queued_turns` turns in progress 503,
+  while draining 503, each with `Retry-After`;
+* drain and shutdown: new work refused, running turns given `server.drain_s`, everything committed.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import secrets
 import time
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from augmentations.factory import build_registry
@@ -16,17 +26,24 @@ from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
 from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import TurnEnd
-from engine_adapter.hints import ToolHint
 from gateway.agent import AgentContext, AgentSession
 from gateway.artifacts import ArtifactStore
 from gateway.config import GatewayConfig
 from gateway.http import ApiError
 from gateway.metrics import GatewayMetrics
+from gateway.procs import StateLock, reap_orphans, record_engine
 from gateway.prompts import PromptBuilder
+from gateway.sessions import EPHEMERAL_PREFIX, SessionTable
+from gateway.store import SqliteStore
 from gateway.toolcalls import CallParser
 
 log = logging.getLogger("infercept.gateway")
-EPHEMERAL_PREFIX = "chatcmpl-"  # sessions of one OpenAI completion: not counted against max_sessions
+RETRY_OVERLOADED_S = 1  # a turn slot frees within seconds
+RETRY_SESSIONS_S = 10  # sessions end by DELETE or idleness
+RETRY_NOT_READY_S = 5  # the engine is starting or restarting
+WATCH_S = 0.5  # how often the watchdog looks at the engine
+
+__all__ = ["EPHEMERAL_PREFIX", "Gateway"]
 
 
 class Gateway:
@@ -40,69 +57,158 @@ class Gateway:
         self.timeouts = timeouts or {}
         self.engine = InterceptEngine(engine_config)
         self.metrics = GatewayMetrics()
-        self.artifacts = ArtifactStore(config.server.artifact_store_mb * 2**20)
-        self.sessions: dict[str, AgentSession] = {}
+        self.store = SqliteStore(config.server.resolved_state_path())
+        self.state_dir = Path(self.store.path).parent if self.store.persistent else None
+        self._lock = StateLock(self.state_dir) if self.state_dir is not None else None
+        self.artifacts = ArtifactStore(config.server.artifact_store_mb * 2**20,
+                                       self.state_dir / "artifacts" if self.state_dir is not None else None)
+        self.table = SessionTable(self.store)
         self.ctx: AgentContext | None = None  # once the engine is ready
         self.ready = asyncio.Event()
         self.start_error: BaseException | None = None
+        self.down_reason: str | None = None  # why the engine is restarting
+        self.draining = False
+        self.restored = 0  # sessions read back from the store at the last (re)start
+        self._artifacts_loaded = False
+
+    @property
+    def sessions(self) -> dict[str, AgentSession]:
+        return self.table.live
 
     # ------------------------------------------------------------------ lifecycle
     async def start_engine(self) -> None:
-        """Start the engine and do one real round trip before saying ready. A failure is kept in
-        `start_error` (health checks report it), not raised: the server stays up to say so."""
+        """Start the engine, do one real round trip, read the stored sessions back, then say ready. A
+        failure is kept in `start_error` (health checks report it), not raised: the server stays up to
+        say so."""
         try:
             t0 = time.perf_counter()
+            if self.state_dir is not None:
+                await asyncio.to_thread(reap_orphans, self.state_dir)
             await self.engine.start()
+            if self.state_dir is not None:
+                await asyncio.to_thread(record_engine, self.state_dir)
             self.ctx = AgentContext(
                 engine=self.engine, registry=self.registry, limits=self.config.server, metrics=self.metrics,
                 prompts=PromptBuilder(self.engine.tokenizer), artifacts=self.artifacts,
-                calls=CallParser(self.engine.tokenizer), timeouts=self.timeouts,
+                calls=CallParser(self.engine.tokenizer), timeouts=self.timeouts, result_limit=self.config.result_limit,
             )
             s = self.engine.open_session(max_tokens=2)
             async for ev in s.turn("Hello"):
                 if isinstance(ev, TurnEnd):
                     pass
             await s.close()
+            self.restored = await self.table.restore_all(self.ctx)
+            if not self._artifacts_loaded:  # files of sessions that are gone are removed once, at start
+                self.artifacts.load(self.table.live)
+                self._artifacts_loaded = True
+            self.down_reason = None
             self.ready.set()
             stats = await self.engine.stats()
-            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s",
+            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s sessions_restored=%d",
                      time.perf_counter() - t0, self.engine.model_path, stats.policy, stats.blocks.total,
-                     stats.block_size, ",".join(self.registry.names()))
+                     stats.block_size, ",".join(self.registry.names()), self.restored)
         except asyncio.CancelledError:
             raise
         except Exception as e:
             self.start_error = e
             log.exception("engine failed to start")
 
+    async def watch_engine(self) -> None:
+        """Restart the engine when its core process dies (vLLM's own monitor marks it dead)."""
+        while True:
+            await asyncio.sleep(WATCH_S)
+            if self.ready.is_set() and self.engine.dead:
+                await self.restart_engine(self.engine.dead_reason())
+
+    async def restart_engine(self, reason: str) -> None:
+        self.ready.clear()
+        self.down_reason = f"the engine died ({reason})"
+        self.metrics.engine_restarts.inc()
+        log.error("%s; restarting it", self.down_reason)
+        await self.table.detach_all("engine_died", f"{self.down_reason}; the server is restarting it and keeps "
+                                    "the session: resend the message when /healthz says ok")
+        await self.engine.shutdown()
+        if not self.config.server.restart_engine:
+            self.start_error = RuntimeError(f"{self.down_reason}; server.restart_engine is off")
+            return
+        self.engine = InterceptEngine(self.engine_config)
+        await self.start_engine()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new work, let running turns finish for up to `timeout_s`; the turns still running."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.table.busy_count() and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        return self.table.busy_count()
+
     async def close(self) -> None:
-        for s in list(self.sessions.values()):
-            await s.close()
-        self.sessions.clear()
+        await self.table.detach_all("shutting_down", "the server is shutting down; the session is kept: "
+                                    "resend the message when it is back")
         await self.registry.close()
         await self.engine.shutdown()
+        await self.store.close()
+        if self.state_dir is not None:
+            (self.state_dir / "engine.json").unlink(missing_ok=True)
+        if self._lock is not None:
+            self._lock.release()
 
     async def expire_loop(self) -> None:
         idle = self.config.server.session_idle_s
         while True:
             await asyncio.sleep(min(30.0, max(0.05, idle / 4)))
-            await self.expire_idle()
+            if self.ready.is_set():
+                await self.expire_idle()
 
     async def expire_idle(self) -> int:
-        now, idle, n = time.monotonic(), self.config.server.session_idle_s, 0
-        for s in list(self.sessions.values()):
-            if s.waiting_for_outside and now - s.last_active_s > idle:
-                await self.close_session(s.id)
-                self.metrics.sessions_expired.inc()
-                n += 1
+        n = await self.table.expire_idle(self.config.server.session_idle_s)
+        if n:
+            self.metrics.sessions_expired.inc(n)
         return n
 
-    # ------------------------------------------------------------------ sessions
+    # ------------------------------------------------------------------ admission
+    def health(self) -> tuple[int, dict[str, Any]]:
+        body: dict[str, Any] = {"model": self.engine_config.model, "policy": self.engine_config.policy}
+        if self.draining:
+            return 503, {"status": "draining", **body}
+        if self.ready.is_set() and self.engine.dead:  # before the watchdog's next look
+            return 503, {"status": "restarting", "error": f"the engine died ({self.engine.dead_reason()})", **body}
+        if self.ready.is_set():
+            return 200, {"status": "ok", **body}
+        if self.start_error is not None:
+            return 503, {"status": "failed", "error": str(self.start_error), **body}
+        if self.down_reason is not None:
+            return 503, {"status": "restarting", "error": self.down_reason, **body}
+        return 503, {"status": "starting", **body}
+
     def require_ready(self) -> AgentContext:
+        if self.ready.is_set() and self.engine.dead:
+            raise ApiError(503, "not_ready", f"the engine died ({self.engine.dead_reason()}); restarting",
+                           retry_after=RETRY_NOT_READY_S)
         if self.ctx is None or not self.ready.is_set():
-            msg = f"the engine failed to start: {self.start_error}" if self.start_error else "the engine is starting"
-            raise ApiError(503, "not_ready", msg)
+            if self.start_error is not None:
+                raise ApiError(503, "not_ready", f"the engine failed to start: {self.start_error}")
+            msg = f"{self.down_reason}; restarting" if self.down_reason else "the engine is starting"
+            raise ApiError(503, "not_ready", msg, retry_after=RETRY_NOT_READY_S)
         return self.ctx
 
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise ApiError(503, "draining", "the server is shutting down and takes no new work; retry when it is back",
+                           retry_after=max(1, round(self.config.server.drain_s)) + RETRY_NOT_READY_S)
+
+    def admit_turn(self) -> AgentContext:
+        """A new turn may start (a message, a tool result, a completion)."""
+        ctx = self.require_ready()
+        self._refuse_if_draining()
+        limit = self.config.server.max_queued_turns
+        if self.table.busy_count() >= limit:
+            raise ApiError(503, "overloaded", f"{limit} turns are in progress (server.max_queued_turns); retry shortly",
+                           retry_after=RETRY_OVERLOADED_S)
+        return ctx
+
+    # ------------------------------------------------------------------ sessions
     def resolve_tools(self, names: Iterable[Any]) -> list[str]:
         out: list[str] = []
         for n in names:
@@ -115,36 +221,29 @@ class Gateway:
                 out.append(name)
         return out
 
-    def open_session(self, *, system: str | None, tools: list[str], client_tools: dict[str, dict[str, Any]],
-                     max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False) -> AgentSession:
+    async def open_session(self, *, system: str | None, tools: list[str], client_tools: dict[str, dict[str, Any]],
+                           max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False) -> AgentSession:
         ctx = self.require_ready()
-        if not ephemeral and self.durable_sessions() >= self.config.server.max_sessions:
-            raise ApiError(429, "too_many_sessions", f"the server holds its limit of {self.config.server.max_sessions} sessions; close one")
-        hints: dict[str, ToolHint] = self.registry.hints(tools)
-        for name, spec in client_tools.items():
-            hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
-        sid = (EPHEMERAL_PREFIX if ephemeral else "sess-") + secrets.token_hex(12)
-        es = self.engine.open_session(session_id=sid, tools=hints, max_tokens=max_tokens, temperature=temperature, seed=seed)
-        s = AgentSession(ctx, es, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens)
-        self.sessions[sid] = s
-        return s
+        self._refuse_if_draining()
+        limit = self.config.server.max_sessions
+        if not ephemeral and self.table.durable_count() >= limit:
+            raise ApiError(429, "too_many_sessions", f"the server holds its limit of {limit} sessions; close one",
+                           retry_after=RETRY_SESSIONS_S)
+        return await self.table.open(ctx, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
+                                     temperature=temperature, seed=seed, ephemeral=ephemeral)
 
     def durable_sessions(self) -> int:
-        return sum(1 for sid in self.sessions if not sid.startswith(EPHEMERAL_PREFIX))
+        return self.table.durable_count()
 
     async def close_session(self, sid: str) -> None:
-        s = self.sessions.pop(sid, None)
-        if s is not None:
-            await s.close()
+        await self.table.close(sid)
 
     def session(self, sid: str, token: str) -> AgentSession:
-        """The session, if `token` is its token (compared in constant time)."""
-        s = self.sessions.get(sid)
-        if s is None:
-            raise ApiError(404, "not_found", f"no session {sid!r}")
-        if not secrets.compare_digest(token.encode(), s.token.encode()):
-            raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
-        return s
+        """The session, if `token` is its token. While the engine (re)starts the stored sessions are not
+        read back yet: 503, not 404."""
+        if not self.ready.is_set() or self.engine.dead:
+            self.require_ready()
+        return self.table.get(sid, token)
 
     def session_states(self) -> list[str]:
-        return [s.public_state() for s in self.sessions.values()]
+        return self.table.states()

@@ -3,6 +3,7 @@
     infercept model prepare [--name default|tiny] [--force]
     infercept serve [--config FILE] [--model default|tiny|PATH|HUB_ID] [--policy NAME] [--host H] [--port P] [--api-key KEY] [--once]
     infercept bench-overhead [--model ...] [--rounds N] [--requests N] [--out FILE]
+    infercept loadtest [--sessions N] [--disconnects N] [--schemathesis N] [--out results/reliability.json]
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import time
 from pathlib import Path
@@ -38,65 +38,10 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _serve(args: argparse.Namespace) -> int:
-    """The gateway and its embedded engine in one process tree (the engine core is vLLM's child)."""
-    import logging
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from infercept.serve import serve
 
-    from aiohttp import ClientSession, web
-
-    from engine_adapter.config import load_engine_config
-    from gateway.app import create_app
-    from gateway.config import load_gateway_config
-    from gateway.state import Gateway
-
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    logging.getLogger("infercept").setLevel(logging.INFO)
-    cfg = load_engine_config(
-        args.config, model=args.model, policy=args.policy, dtype=args.dtype, kv_cache_gib=args.kv_cache_gib,
-        max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len,
-    )
-    gcfg = load_gateway_config(args.config, host=args.host, port=args.port, api_key=args.api_key or os.environ.get("INFERCEPT_API_KEY"))
-    gw = Gateway(cfg, gcfg)
-    app = create_app(gw)
-    # handler_cancellation: a client that disconnects cancels its handler, which aborts the generation.
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, gcfg.server.host, gcfg.server.port)
-    await site.start()
-    url = f"http://{gcfg.server.host}:{gcfg.server.port}"
-    print(f"infercept gateway listening on {url} (engine starting: model={cfg.model} policy={cfg.policy})", flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    t0 = time.perf_counter()
-    ready = asyncio.create_task(gw.ready.wait())
-    stopped = asyncio.create_task(stop.wait())
-    await asyncio.wait({ready, stopped}, return_when=asyncio.FIRST_COMPLETED)
-    code = 0
-    while gw.start_error is None and not gw.ready.is_set() and not stop.is_set():
-        await asyncio.sleep(0.1)
-    if gw.start_error is not None:
-        print(f"error: the engine failed to start: {gw.start_error}", file=sys.stderr)
-        code = 1
-    elif gw.ready.is_set():
-        stats = await gw.engine.stats()
-        print(
-            f"infercept ready in {time.perf_counter() - t0:.1f} s: {url} model={gw.engine.model_path} "
-            f"policy={stats.policy} kv_blocks={stats.blocks.total} block_size={stats.block_size} "
-            f"tools={','.join(gw.registry.names())}",
-            flush=True,
-        )
-        if args.once:
-            async with ClientSession() as http, http.get(f"{url}/healthz") as r:
-                print(f"GET /healthz -> {r.status} {await r.text()}", flush=True)
-                code = 0 if r.status == 200 else 1
-        else:
-            await stop.wait()
-    ready.cancel()
-    stopped.cancel()
-    await runner.cleanup()
-    return code
+    return asyncio.run(serve(args))
 
 
 def _cmd_bench_overhead(args: argparse.Namespace) -> int:
@@ -147,8 +92,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--api-key", help="require 'Authorization: Bearer KEY' on /v1 routes (or INFERCEPT_API_KEY)")
+    serve.add_argument("--state-path", help="the session store (SQLite file; ':memory:' keeps nothing across restarts)")
     serve.add_argument("--once", action="store_true", help="exit after the readiness check")
-    serve.set_defaults(func=lambda a: asyncio.run(_serve(a)))
+    serve.set_defaults(func=_cmd_serve)
 
     prof = sub.add_parser("profile", help="measure T_fwd, S, M and swap bandwidth; write a JSON profile")
     prof.add_argument("--model", default="default")
@@ -199,6 +145,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
     bench.add_argument("--out", default="results/bench")
     bench.set_defaults(func=_cmd_bench)
+
+    load = sub.add_parser("loadtest", help="reliability under load and faults: concurrent sessions, disconnects, "
+                          "kill -9, schemathesis; writes results/reliability.json")
+    load.add_argument("--sessions", type=int, default=2000, help="concurrent sessions, all connecting at once")
+    load.add_argument("--disconnects", type=int, default=1000, help="clients that drop their stream mid-turn")
+    load.add_argument("--kill-sessions", type=int, default=200, help="sessions mid-turn when the server is killed -9")
+    load.add_argument("--schemathesis", type=int, default=1000, help="generated requests at least (0: skip)")
+    load.add_argument("--phases", default="sessions,disconnects,kill,schemathesis")
+    load.add_argument("--out", default="results/reliability.json")
+    load.add_argument("--port", type=int, default=8765)
+    load.set_defaults(func=_cmd_loadtest)
     return p
 
 
@@ -206,6 +163,12 @@ def _cmd_tools(args: argparse.Namespace) -> int:
     from infercept.tools_cmd import main as tools_main
 
     return tools_main(args)
+
+
+def _cmd_loadtest(args: argparse.Namespace) -> int:
+    from infercept.loadtest import main as loadtest_main
+
+    return loadtest_main(args)
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:

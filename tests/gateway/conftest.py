@@ -11,7 +11,9 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 import httpx
+import pytest
 import pytest_asyncio
+from aiohttp import web
 from aiohttp.test_utils import TestServer
 
 from gateway.app import create_app
@@ -23,6 +25,7 @@ from tests.conftest import tiny_config
 API_KEY = "test-key"
 MAX_SESSIONS = 6
 READY_TIMEOUT_S = 300.0
+PING_S = 0.5
 
 
 @dataclass
@@ -32,12 +35,15 @@ class Served:
     client: AsyncClient  # authorized
     # Every health check made while the engine started: (HTTP status or None for no answer, seconds).
     startup_polls: list[tuple[int | None, float]]
+    app: web.Application
 
 
 def gateway_config(**server: object) -> GatewayConfig:
     augs = dict(DEFAULT_AUGMENTATIONS)
     augs["image"] = {"timeout_s": 120, "steps": 2, "size": 64}
-    kw: dict[str, object] = dict(api_key=API_KEY, max_sessions=MAX_SESSIONS, max_message_chars=20000, max_tokens=16)
+    # Pings every half second: every stream of these tests carries them, so every client shows it ignores them.
+    kw: dict[str, object] = dict(api_key=API_KEY, max_sessions=MAX_SESSIONS, max_message_chars=20000, max_tokens=16,
+                                 state_path=":memory:", sse_ping_s=PING_S)
     kw.update(server)
     return GatewayConfig(server=ServerConfig(**kw), augmentations=augs)  # type: ignore[arg-type]
 
@@ -68,7 +74,8 @@ async def wait_answering(client: AsyncClient, timeout_s: float, poll_timeout_s: 
 async def running_gateway(gw: Gateway, api_key: str | None = None) -> AsyncIterator[Served]:
     """A gateway on a loopback port, ready (its engine answered), closed on exit. A gateway that does not
     get ready fails loudly with what it saw (the health checks' answers, the engine's error)."""
-    server = TestServer(create_app(gw), host="127.0.0.1")
+    app = create_app(gw)
+    server = TestServer(app, host="127.0.0.1")
     await server.start_server()
     url = str(server.make_url("")).rstrip("/")
     client = AsyncClient(url, api_key=api_key)
@@ -78,15 +85,17 @@ async def running_gateway(gw: Gateway, api_key: str | None = None) -> AsyncItera
         except Exception as e:
             raise RuntimeError(f"gateway at {url} (model {gw.engine_config.model}) not ready: {e}; "
                                f"engine start error: {gw.start_error!r}") from e
-        yield Served(gw, url, client, polls)
+        yield Served(gw, url, client, polls, app)
     finally:
         await client.aclose()
         await server.close()  # the app's cleanup closes its sessions and shuts the engine down
 
 
 @pytest_asyncio.fixture(scope="package")
-async def served() -> AsyncIterator[Served]:
-    # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions.
+async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+    # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions. A real session
+    # store on disk: every test here also runs the commits before each batch of events.
     cfg = tiny_config("infercept", num_kv_blocks=200, max_model_len=2048, max_num_seqs=8, log_stats=True)
-    async with running_gateway(Gateway(cfg, gateway_config()), api_key=API_KEY) as s:
+    state = tmp_path_factory.mktemp("state") / "sessions.db"
+    async with running_gateway(Gateway(cfg, gateway_config(state_path=str(state))), api_key=API_KEY) as s:
         yield s

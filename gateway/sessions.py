@@ -1,0 +1,126 @@
+"""The gateway's open sessions: the table of live `AgentSession`s and its mirror in the session store.
+
+Every durable session is in the store from the moment it is created (before its id and token are
+returned) until it is deleted or expires; in between, each session commits its own changes
+(`AgentSession.commit`). After a restart, or after the engine was restarted, `restore_all` reads every
+stored session back onto the (new) engine. Sessions of one OpenAI completion (`chatcmpl-…`) end with
+their request and are never stored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import secrets
+import time
+from typing import Any
+
+from engine_adapter.hints import ToolHint
+from gateway.agent import AgentContext, AgentSession, restore
+from gateway.durable import fold, token_matches
+from gateway.http import ApiError
+from gateway.store import SessionStore
+
+log = logging.getLogger("infercept.gateway")
+EPHEMERAL_PREFIX = "chatcmpl-"  # sessions of one OpenAI completion: not stored, not counted against max_sessions
+
+
+class SessionTable:
+    def __init__(self, store: SessionStore) -> None:
+        self.store = store
+        self.live: dict[str, AgentSession] = {}
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def durable_count(self) -> int:
+        return sum(1 for sid in self.live if not sid.startswith(EPHEMERAL_PREFIX))
+
+    def busy_count(self) -> int:
+        """Turns in progress on the server: generating, or in a server tool."""
+        return sum(1 for s in self.live.values() if s.busy)
+
+    def states(self) -> list[str]:
+        return [s.public_state() for s in self.live.values()]
+
+    async def open(self, ctx: AgentContext, *, system: str | None, tools: list[str], client_tools: dict[str, dict[str, Any]],
+                   max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False) -> AgentSession:
+        hints: dict[str, ToolHint] = ctx.registry.hints(tools)
+        for name, spec in client_tools.items():
+            hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
+        sid = (EPHEMERAL_PREFIX if ephemeral else "sess-") + secrets.token_hex(12)
+        es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        s = AgentSession(ctx, es, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
+                         store=None if ephemeral else self.store)
+        self.live[sid] = s
+        if not ephemeral:
+            try:
+                # In the store before the client learns the id: a crash after this answer loses nothing.
+                await self.store.put(sid, s.token_hash, s.head())
+            except BaseException:
+                self.live.pop(sid, None)
+                await s.close()
+                raise
+        return s
+
+    def get(self, sid: str, token: str) -> AgentSession:
+        """The session, if `token` is its token (hashes compared in constant time)."""
+        s = self.live.get(sid)
+        if s is None:
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        if not token_matches(token, s.token_hash):
+            raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
+        return s
+
+    async def close(self, sid: str) -> None:
+        """End a session and remove it from the store."""
+        s = self.live.pop(sid, None)
+        if s is not None:
+            await s.close()
+        if not sid.startswith(EPHEMERAL_PREFIX):
+            await self.store.delete(sid)
+
+    async def expire_idle(self, idle_s: float) -> int:
+        now, n = time.monotonic(), 0
+        for s in list(self.live.values()):
+            if s.waiting_for_outside and now - s.last_active_s > idle_s:
+                await self.close(s.id)
+                n += 1
+        return n
+
+    async def detach_all(self, kind: str, message: str) -> None:
+        """Stop serving every session without ending any (shutdown, engine death): turns in progress are
+        marked interrupted and committed, readers get an `error` event; ephemeral sessions just close."""
+        for s in list(self.live.values()):
+            if s.id.startswith(EPHEMERAL_PREFIX):
+                await s.close()
+            else:
+                await s.detach(kind, message)
+        self.live.clear()
+
+    async def restore_all(self, ctx: AgentContext) -> int:
+        """Read every stored session back, each on a new engine session over its exact context tokens."""
+        restored = 0
+        for sid in await self.store.list():
+            stored = await self.store.get(sid)
+            if stored is None or sid in self.live:
+                continue
+            folded = fold(stored.head, stored.events)
+            model = folded.head.get("model")
+            if model != ctx.engine.model_path:
+                # Token ids mean nothing to another tokenizer: leave it stored for a server with its model.
+                log.warning("session %s was made with model %s, not %s: not restored", sid, model, ctx.engine.model_path)
+                continue
+            settings = folded.head["settings"]
+            hints: dict[str, ToolHint] = ctx.registry.hints([t for t in settings["tools"] if t in ctx.registry])
+            for name, spec in settings["client_tools"].items():
+                hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
+            es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=int(settings["max_tokens"]),
+                                         temperature=float(settings["temperature"]), seed=settings["seed"], history=folded.context)
+            s = restore(ctx, es, folded, stored.token_hash, self.store)
+            s.tools = [t for t in s.tools if t in ctx.registry]  # a tool since removed from the config is gone
+            self.live[sid] = s
+            with contextlib.suppress(Exception):
+                await s.commit()  # the interrupted marks, if any
+            restored += 1
+        return restored

@@ -1,0 +1,230 @@
+"""`infercept loadtest`: how the server holds up under load, hostile clients and crashes, measured on a
+real `infercept serve` process (tiny model) and written to `results/reliability.json`.
+
+Phases (`--phases`):
+* sessions: N clients connect at once, each opens a session and sends a message that must call a tool
+  (`tool_choice: required`), streamed to `done`. Outcomes, latency percentiles, then every session
+  deleted and the engine's KV checked free again (its integrity check included).
+* disconnects: M clients start a long turn and drop the connection after a few tokens. Then: no
+  request left running, every block free, and every session still answers a new message.
+* kill: K sessions (half mid-turn) when the server is `kill -9`ed; the same command restarts it. Counted:
+  sessions back, transcripts with what the clients saw, next messages answered, engine processes reaped.
+* schemathesis: `schemathesis run` against `/openapi.json` (checks not_a_server_error and
+  status_code_conformance), requests counted from its HAR report by status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infercept.load_clients import (
+    MidTurnClient,
+    Outcome,
+    check_restored,
+    disconnecting_client,
+    percentiles,
+    raw_get,
+    session_client,
+)
+from infercept.server_proc import REPO, ServerProcess, alive, write_config
+
+API_KEY = "loadtest-key"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    kinds = Counter(o.kind for o in outcomes)
+    ok = [o.seconds for o in outcomes if o.kind == "done"]
+    return {
+        "clients": len(outcomes), "done": kinds.get("done", 0), "outcomes": dict(sorted(kinds.items())),
+        "http_5xx": sum(1 for o in outcomes if o.status is not None and o.status >= 500),
+        "refused_or_reset": sum(v for k, v in kinds.items() if k.startswith("connection:")),
+        "latency_s": percentiles(ok), "first_token_s": percentiles([o.first_token_s for o in outcomes if o.first_token_s is not None]),
+    }
+
+
+async def settle(url: str, headers: dict[str, str]) -> dict[str, Any]:
+    """The engine's accounting once nothing runs: poll /v1/stats until no request runs or waits."""
+    stats: dict[str, Any] = {}
+    for _ in range(600):
+        stats = await raw_get(url, "/v1/stats", headers)
+        if stats["running"] == 0 and stats["waiting"] == 0 and stats["turns_in_progress"] == 0:
+            break
+        await asyncio.sleep(0.5)
+    return stats
+
+
+async def delete_all(url: str, refs: list[tuple[str, str]]) -> int:
+    import aiohttp
+
+    deleted = 0
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+        for sid, token in refs:
+            async with http.delete(f"{url}/v1/sessions/{sid}", headers={"X-Session-Token": token}) as r:
+                deleted += r.status == 204
+    return deleted
+
+
+async def blocks_after_delete(url: str, refs: list[tuple[str, str]]) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    deleted = await delete_all(url, refs)
+    stats = await settle(url, headers)
+    for _ in range(100):  # a freed request's blocks return within an engine step or two
+        if stats["blocks"]["free"] == stats["blocks"]["total"]:
+            break
+        await asyncio.sleep(0.2)
+        stats = await raw_get(url, "/v1/stats", headers)
+    return {"deleted": deleted, "blocks": stats["blocks"], "all_blocks_free": stats["blocks"]["free"] == stats["blocks"]["total"],
+            "integrity": stats["integrity"], "running": stats["running"], "waiting": stats["waiting"],
+            "store": stats["store"]}
+
+
+async def phase_sessions(server: ServerProcess, n: int) -> dict[str, Any]:
+    t0 = time.perf_counter()
+    outcomes = await asyncio.gather(*(session_client(server.url, API_KEY, i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    out = summarize(list(outcomes))
+    out["wall_s"] = round(wall, 1)
+    out["tool_calls"] = sum(1 for o in outcomes if o.tool_called)
+    out["after"] = await blocks_after_delete(server.url, [(o.sid, o.token) for o in outcomes if o.sid])
+    return out
+
+
+async def phase_disconnects(server: ServerProcess, n: int) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    before = await raw_get(server.url, "/metrics", headers, text=True)
+    outcomes = await asyncio.gather(*(disconnecting_client(server.url, API_KEY, i) for i in range(n)))
+    stats = await settle(server.url, headers)
+    after = await raw_get(server.url, "/metrics", headers, text=True)
+    dropped = sum(1 for o in outcomes if o.kind == "dropped")
+    refs = [(o.sid, o.token) for o in outcomes if o.sid]
+    # Still usable: every session answers a new message.
+    usable = await asyncio.gather(*(session_client(server.url, API_KEY, i, existing=(sid, tok), tool_choice="none")
+                                    for i, (sid, tok) in enumerate(refs)))
+    return {
+        "clients": n, "dropped_mid_stream": dropped, "outcomes": dict(Counter(o.kind for o in outcomes)),
+        "server_counted_disconnects": _metric(after, "infercept_client_disconnects_total") - _metric(before, "infercept_client_disconnects_total"),
+        "after_drop": {"running": stats["running"], "waiting": stats["waiting"], "turns_in_progress": stats["turns_in_progress"],
+                       "blocks": stats["blocks"], "leaked_blocks": stats["blocks"]["total"] - stats["blocks"]["free"]},
+        "still_usable": summarize(list(usable)),
+        "after": await blocks_after_delete(server.url, refs),
+    }
+
+
+def _metric(text: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(name + " "))
+
+
+async def phase_kill(server: ServerProcess, n: int, log_dir: Path) -> dict[str, Any]:
+    half = n // 2
+    finished = await asyncio.gather(*(session_client(server.url, API_KEY, i, tool_choice={"name": "Calculator"}, snapshot=True)
+                                      for i in range(half)))
+    mids = [MidTurnClient(server.url, API_KEY, i) for i in range(n - half)]
+    running = [asyncio.create_task(m.run()) for m in mids]
+    while not all(m.settled for m in mids):  # every one mid-turn (or already ended)
+        await asyncio.sleep(0.2)
+    engine = server.engine_pids()
+    server.kill9()
+    mid = list(await asyncio.gather(*running))
+    restarted = ServerProcess(server.config, server.port, log_dir / "restarted.log").start()
+    t0 = time.perf_counter()
+    try:
+        await restarted.wait_ready()
+        restart_s = time.perf_counter() - t0
+        report = await check_restored(restarted.url, API_KEY, [o for o in finished if o.kind == "done"], mid)
+        report.update({"sessions_before": n, "finished_before_kill": sum(1 for o in finished if o.kind == "done"),
+                       "mid_turn_at_kill": sum(1 for m in mid if m.seen_text and m.kind.startswith("connection:")),
+                       "restart_to_ready_s": round(restart_s, 1), "engine_processes_left_behind": len(alive(engine))})
+        return report
+    finally:
+        restarted.stop()
+
+
+def phase_schemathesis(url: str, n: int, out_dir: Path) -> dict[str, Any]:
+    exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
+    har = out_dir / "schemathesis.har"
+    per_op = max(50, n // 10)  # 13 operations: at least n generated requests in all
+    cmd = [exe, "run", f"{url}/openapi.json", "--checks", "not_a_server_error,status_code_conformance",
+           "--max-examples", str(per_op), "--header", f"Authorization: Bearer {API_KEY}", "--seed", "1",
+           "--request-timeout", "120", "--workers", "2", "--report", "har", "--report-har-path", str(har),
+           "--suppress-health-check", "all"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out_dir)
+    entries = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
+    statuses = Counter(e["response"]["status"] for e in entries)
+    by_op = Counter(f"{e['request']['method']} {e['request']['url'].split('?')[0].replace(url, '')}" for e in entries)
+    tail = proc.stdout[-2500:]
+    return {"command": " ".join(cmd).replace(API_KEY, "<key>"), "exit_code": proc.returncode, "wall_s": round(time.perf_counter() - t0, 1),
+            "requests": len(entries), "by_status": {str(k): v for k, v in sorted(statuses.items())},
+            "http_5xx": sum(v for k, v in statuses.items() if k >= 500), "operations_hit": len(by_op), "summary": tail}
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    work = Path(tempfile.mkdtemp(prefix="infercept-load-"))
+    n_max = max(args.sessions, args.disconnects, args.kill_sessions) + 64
+    cfg = write_config(work / "serve.yaml", port=args.port, state_path=str(work / "state" / "sessions.db"),
+                       engine={"max_num_seqs": 64, "max_model_len": 1024, "num_kv_blocks": None, "kv_cache_gib": 2, "block_size": None},
+                       server={"api_key": API_KEY, "max_sessions": n_max, "max_queued_turns": n_max, "max_tokens": 16},
+                       augmentations={"calculator": {}, "human": {}})
+    result: dict[str, Any] = {
+        "command": "infercept loadtest " + " ".join(sys.argv[2:] if sys.argv[1:2] == ["loadtest"] else sys.argv[1:]),
+        "commit": _commit(), "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "server_config": yaml.safe_load(cfg.read_text()), "phases": {},
+    }
+    server = ServerProcess(cfg, args.port, work / "server.log").start()
+    try:
+        await server.wait_ready()
+        for phase in phases:
+            print(f"[loadtest] {phase} ...", flush=True)
+            t0 = time.perf_counter()
+            if phase == "sessions":
+                out = await phase_sessions(server, args.sessions)
+            elif phase == "disconnects":
+                out = await phase_disconnects(server, args.disconnects)
+            elif phase == "kill":
+                out = await phase_kill(server, args.kill_sessions, work)
+                server = ServerProcess(cfg, args.port, work / "server2.log").start()  # the phases after run on a fresh one
+                await server.wait_ready()
+            elif phase == "schemathesis":
+                out = await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work)
+            else:
+                raise ValueError(f"unknown phase {phase!r}")
+            out["phase_s"] = round(time.perf_counter() - t0, 1)
+            result["phases"][phase] = out
+            print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
+    finally:
+        server.stop()
+    result["server_log_tail"] = server.log_tail(1500)
+    return result
+
+
+def main(args: argparse.Namespace) -> int:
+    result = asyncio.run(run(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"wrote {out}")
+    ok = all(p.get("http_5xx", 0) == 0 for p in result["phases"].values())
+    return 0 if ok else 1

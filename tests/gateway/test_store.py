@@ -1,0 +1,165 @@
+"""The session store on its own (no engine): the interface, group commits, durability across a real
+`kill -9`, the log folded back, token hashes, and artifacts kept on disk across a restart."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from augmentations.base import Artifact
+from gateway.artifacts import ArtifactStore
+from gateway.durable import fold, hash_token, token_matches
+from gateway.store import MEMORY, SqliteStore
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_put_get_list_delete_and_append(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state" / "sessions.db")
+    try:
+        await store.put("a", "h1", {"state": "idle", "n": 1})
+        await store.put("b", "h2", {"state": "idle"})
+        await store.append_event("a", [{"k": "msg", "role": "user", "content": "hi"}], {"state": "generating", "n": 2})
+        await store.append_event("a", [{"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}])
+        got = await store.get("a")
+        assert got is not None and got.token_hash == "h1" and got.head == {"state": "generating", "n": 2}
+        assert got.events == [{"k": "msg", "role": "user", "content": "hi"}, {"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}]
+        assert await store.list() == ["a", "b"]
+        await store.put("a", "h1", {"state": "idle"})  # the head is replaced, the log kept
+        assert (await store.get("a")).events == got.events  # type: ignore[union-attr]
+        await store.delete("a")
+        assert await store.get("a") is None and await store.list() == ["b"]
+        # A late commit of a deleted session (its reader was still flushing) adds nothing.
+        await store.append_event("a", [{"k": "msg"}], {"state": "idle"})
+        assert await store.get("a") is None
+        db = sqlite3.connect(store.path)
+        assert db.execute("SELECT COUNT(*) FROM events WHERE session_id = 'a'").fetchone() == (0,)
+        assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        db.close()
+    finally:
+        await store.close()
+
+
+async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
+    store = SqliteStore(MEMORY)
+    try:
+        await store.put("s", "h", {})
+        gate = threading.Event()
+        blocker = asyncio.ensure_future(store._submit(lambda db: gate.wait(10)))
+        await asyncio.sleep(0.05)
+        writes = [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(100)]
+        await asyncio.sleep(0.05)  # all 100 are queued behind the blocked transaction
+        before = store.commits
+        gate.set()
+        await asyncio.gather(blocker, *writes)
+        assert store.commits - before == 2  # the blocked one, then all 100 in one transaction
+        got = await store.get("s")
+        assert got is not None and got.head == {"i": 99}
+        assert [e["text"] for e in got.events] == [str(i) for i in range(100)]
+    finally:
+        await store.close()
+
+
+WRITER = """
+import asyncio, sys
+from gateway.store import SqliteStore
+
+async def main():
+    store = SqliteStore(sys.argv[1])
+    await store.put("s", "h", {"n": 0})
+    for i in range(1, 100000):
+        await store.append_event("s", [{"k": "text", "text": str(i)}], {"n": i})
+        print(i, flush=True)  # only after the commit returned
+
+asyncio.run(main())
+"""
+
+
+def test_a_commit_survives_kill_9(tmp_path: Path) -> None:
+    db = tmp_path / "sessions.db"
+    proc = subprocess.Popen([sys.executable, "-c", WRITER, str(db)], stdout=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.stdout is not None
+    seen = 0
+    for line in proc.stdout:
+        seen = int(line)
+        if seen >= 300:
+            break
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    async def read() -> tuple[dict, list]:
+        store = SqliteStore(db)
+        got = await store.get("s")
+        await store.close()
+        assert got is not None
+        return got.head, got.events
+
+    head, events = asyncio.run(read())
+    assert head["n"] >= seen  # every commit acknowledged before the kill is there
+    assert [int(e["text"]) for e in events] == list(range(1, head["n"] + 1))  # and nothing half-written
+
+
+def test_fold_rebuilds_transcript_calls_context_and_the_unfinished_turn() -> None:
+    head = {"id": "s", "state": "generating"}
+    rows = [
+        {"k": "ids", "ids": [1, 2]},
+        {"k": "msg", "role": "user", "content": "q"},
+        {"k": "text", "text": "Thought: x"},
+        {"k": "msg", "role": "assistant", "content": "Thought: x", "call_id": "c1"},
+        {"k": "call", "call_id": "c1", "tool": "T", "result": None},
+        {"k": "ids", "ids": [3]},
+        {"k": "call", "call_id": "c1", "tool": "T", "result": "42"},
+        {"k": "msg", "role": "tool", "call_id": "c1", "content": "42"},
+        {"k": "text", "text": "Ans"},
+        {"k": "text", "text": "wer"},
+        {"k": "ids", "ids": [4, 5]},
+    ]
+    f = fold(head, rows)
+    assert [m["role"] for m in f.transcript] == ["user", "assistant", "tool"]
+    assert f.calls == [{"call_id": "c1", "tool": "T", "result": "42"}]
+    assert f.context == [1, 2, 3, 4, 5]
+    assert f.unreported_text == "Answer"
+
+
+def test_tokens_are_stored_as_hashes() -> None:
+    h = hash_token("secret-token")
+    assert h != "secret-token" and len(h) == 64
+    assert token_matches("secret-token", h) and not token_matches("secret-tokeN", h) and not token_matches("", h)
+
+
+def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp_path: Path) -> None:
+    folder = tmp_path / "artifacts"
+    store = ArtifactStore(250, folder)
+    a = store.put(Artifact("image", "image/png", b"a" * 100), "sess-live")
+    b = store.put(Artifact("audio", "audio/wav", b"b" * 100), "sess-gone")
+    c = store.put(Artifact("image", "image/png", b"c" * 100), "sess-live")  # over the bound: the oldest (a) goes
+    aid = lambda url: url.rsplit("/", 1)[1]  # noqa: E731
+    assert store.get(aid(a)) is None and not (folder / "sess-live" / aid(a)).exists()
+    assert store.bytes == 200
+
+    again = ArtifactStore(250, folder)  # a restart: sess-gone is not live any more
+    assert again.load(["sess-live"]) == 1
+    item = again.get(aid(c))
+    assert item is not None and item.read() == b"c" * 100 and item.mime == "image/png" and item.session_id == "sess-live"
+    assert again.get(aid(b)) is None and not (folder / "sess-gone").exists()
+
+
+def test_the_store_refuses_a_newer_schema(tmp_path: Path) -> None:
+    path = tmp_path / "sessions.db"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+    db.execute("INSERT INTO meta VALUES ('schema_version', '99')")
+    db.commit()
+    db.close()
+    with pytest.raises(RuntimeError, match="schema version 99"):
+        SqliteStore(path)
