@@ -1,0 +1,91 @@
+"""One policy over the request rates, as `benchmarks.runner.run_variant` runs it on the real engine:
+one engine for all rates in turn (its estimator and profile refinement carry over), each rate's
+requests replayed until they finish or the cutoff (last arrival + drain), then summarized by the
+runner's own `summarize` (normalized latency, waste by kind, recompute share, ...), plus what the
+fair benchmark adds (job completion time, unfinished requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.runner import TABLE1, Outcome, _pct, summarize
+from benchmarks.sim.engine import SimEngine
+from benchmarks.sim.request import SimRequest, from_workload
+from benchmarks.sim.setup import SimBench, variant
+from benchmarks.workload import Request
+
+
+def sim_requests(reqs: Sequence[Request], bench: SimBench, label: str, prefix: str) -> list[SimRequest]:
+    v = variant(label)
+    s = bench.setting
+    return [from_workload(r, s.time_scale, TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None,
+                          zero_calls=v.zero_calls, rid_prefix=prefix) for r in reqs]
+
+
+def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
+    o = Outcome(index, r.aug_type, t0 + r.arrival_s)
+    o.end_s, o.first_token_s = r.end_s, r.first_token_s
+    o.call_s, o.output_tokens = r.call_s, r.output_tokens
+    return o
+
+
+def jct(outs: Sequence[Outcome], cutoff: float) -> dict[str, float | None]:
+    """Job completion time: arrival to last token, calls included (unfinished: up to the cutoff, a
+    lower bound, as the runner counts their latency)."""
+    xs = [(o.end_s if o.end_s is not None else cutoff) - o.arrival_s for o in outs]
+    return {"mean": statistics.fmean(xs) if xs else None, "p90": _pct(xs, 0.9), "median": _pct(xs, 0.5)}
+
+
+def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float) -> dict[str, Any]:
+    stats0 = eng.stats()
+    t0 = eng.now
+    for r in reqs:
+        r.arrival_s += t0
+        r.arrival_time = r.arrival_s
+        eng.submit(r)
+    last = max((r.arrival_s for r in reqs), default=t0)
+    steps0 = eng.steps
+    eng.run(until=last + drain_s)
+    cutoff = eng.now
+    left = eng.abort_all()
+    stats1 = eng.stats()
+    outs = [outcome(r, i, 0.0) for i, r in enumerate(reqs)]
+    wall = cutoff - t0
+    out = summarize(outs, stats0, stats1, wall, cutoff)
+    out.update({"timed_out": len(left), "unfinished": len(left), "jct_s": jct(outs, cutoff), "steps": eng.steps - steps0,
+                "preemptions": eng.sched.preemptions, "sim_idle_steps": eng.idle_steps})
+    return out
+
+
+def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]], drain_s: float,
+               calibrate_with: list[Request] | None = None, check_every: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(results per rate, engine info) for one policy label, as the runner's `run_variant`."""
+    eng = bench.engine(label, check_every=check_every)
+    unloaded = unloaded_latency(eng, bench, label, calibrate_with) if calibrate_with else None
+    results: dict[str, Any] = {}
+    for rate, reqs in workloads.items():
+        sims = sim_requests(reqs, bench, label, prefix=f"{rate:g}-")
+        results[f"{rate:g}"] = run_rate(eng, sims, drain_s) | {"rate": rate}
+    info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "unloaded": unloaded,
+            "blocks": eng.sched.pool.num_blocks, "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens}
+    return results, info
+
+
+def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence[Request], n: int = 10) -> dict[str, Any]:
+    """The SLO's reference, as the runner measures it: the first requests one at a time with
+    zero-time calls (the bound's replay), on an otherwise idle engine."""
+    lat = []
+    for i, r in enumerate(reqs[:n]):
+        sim = from_workload(dataclasses.replace(r, arrival_s=0.0), bench.setting.time_scale,
+                            TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None, zero_calls=True,
+                            rid_prefix=f"cal{i}-")
+        sim.arrival_s = sim.arrival_time = eng.now
+        eng.submit(sim)
+        eng.run()
+        o = outcome(sim, i, 0.0)
+        if o.normalized_latency is not None:
+            lat.append(o.normalized_latency)
+    return {"requests": len(lat), "median_s": _pct(lat, 0.5), "p90_s": _pct(lat, 0.9)}
