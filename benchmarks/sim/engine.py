@@ -38,7 +38,8 @@ class Stuck(RuntimeError):
 
 class SimEngine:
     def __init__(self, sched: SimScheduler, core_factory: Callable[[SimScheduler], InterceptCore], cost: StepCost, *,
-                 oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0) -> None:
+                 oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0,
+                 frontend_s: tuple[float, float] = (0.0, 0.0)) -> None:
         self.sched, self.cost, self.oracle = sched, cost, oracle
         self.core = core_factory(sched)
         sched.core = self.core
@@ -46,6 +47,10 @@ class SimEngine:
         self.overlap = overlapped(self.core.profile)
         self.idle_step_s = idle_step_s  # an empty engine step while work waits (vLLM's busy loop)
         self.check_every = check_every  # run the core's integrity check every N steps (tests)
+        # (in, out): an input reaches the engine core this long after the front end sends it; a turn's
+        # end reaches the front end this long after the step that ended it (the replay measures its
+        # latency there, and sleeps the call from there).
+        self.frontend_in_s, self.frontend_out_s = frontend_s
         self.now = 0.0
         self.steps = 0
         self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
@@ -57,7 +62,7 @@ class SimEngine:
 
     # ================================================================== events
     def submit(self, r: SimRequest) -> None:
-        self._push(r.arrival_s, ARRIVAL, r)
+        self._push(r.arrival_s + self.frontend_in_s, ARRIVAL, r)
 
     def _push(self, t: float, kind: int, r: SimRequest) -> None:
         self._seq += 1
@@ -150,7 +155,7 @@ class SimEngine:
                                   r.arrival_time), self.now)
         if self.oracle:
             self.core.tag(r.session_id, r.aug_type, turn.call_s)
-        self._push(self.now + turn.call_s, RESUME, r)
+        self._push(self.now + self.frontend_out_s + turn.call_s + self.frontend_in_s, RESUME, r)
 
     def _resume(self, r: SimRequest) -> None:
         core, sched = self.core, self.sched
@@ -172,7 +177,7 @@ class SimEngine:
             sched.requeue_by_arrival(r)
 
     def _finish(self, r: SimRequest) -> None:
-        r.end_s = self.now
+        r.end_s = self.now + self.frontend_out_s
         self.core.close(r.rid, self.now)
         self.sched.finish(r)
         self._alive.pop(r.rid, None)
@@ -189,7 +194,7 @@ class SimEngine:
             r.blocks = []
             sched.requests.pop(r.rid, None)
         sched.running, sched.waiting, sched.kv_ready = [], [], []
-        sched.loading, sched.paused_slots = set(), 0
+        sched.loading, sched.inflight, sched.paused_slots = set(), set(), 0
         self._events = [e for e in self._events if e[3].rid not in self._alive]
         heapq.heapify(self._events)
         self._alive.clear()

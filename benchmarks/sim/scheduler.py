@@ -50,6 +50,9 @@ class SimScheduler:
         self.waiting: list[SimRequest] = []
         self.kv_ready: list[tuple[int, SimRequest]] = []  # KV-holding and schedulable, by queue position
         self.loading: set[SimRequest] = set()
+        # vLLM's in-flight prefills: loading, or scheduled with part of their context still to compute.
+        # An async load is admitted only if it fits beside the blocks these still need.
+        self.inflight: set[SimRequest] = set()
         self.paused_slots = 0  # vLLM's num_waiting_for_streaming_input
         self.preemptions = 0
         self._tail = 0  # KV-holding queue positions: appended at the tail, prepended at the head
@@ -83,6 +86,7 @@ class SimScheduler:
     def park(self, r: SimRequest) -> None:
         """A turn ended: the request waits for its next input, holding its blocks and a slot."""
         self.running.remove(r)
+        self.inflight.discard(r)
         r.status = Status.PAUSED
         self.paused_slots += 1
         self._tail += 1
@@ -120,6 +124,7 @@ class SimScheduler:
             bisect.insort(self.kv_ready, (r.queue_pos, r), key=lambda x: x[0])
 
     def finish(self, r: SimRequest) -> None:
+        self.inflight.discard(r)
         self.running.remove(r)
         self.pool.free(r.blocks)
         r.blocks = []
@@ -192,6 +197,10 @@ class SimScheduler:
             tokens, reqs, ctx, pairs = tokens + extra[0], reqs + extra[1], ctx + extra[2], pairs + extra[3]
         for r, n in out.tokens.items():
             r.num_computed += n
+            if r.num_computed < r.num_tokens:
+                self.inflight.add(r)
+            else:
+                self.inflight.discard(r)
             if self.pool.prefix_caching:
                 self._register(r)
         out.load = StepLoad(tokens, reqs, ctx, pairs)
@@ -230,7 +239,8 @@ class SimScheduler:
             # blocks too, so they count against the free pool.
             full = -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)
             need = -(-(computed + n) // self.bs) - len(r.blocks) - len(hits)
-            if max(full, need + len(hits)) > self.pool.num_free():
+            free = self.pool.num_free() - (self._reserved() if load_async else 0)
+            if max(full, need + len(hits)) > free:
                 break
             if hits:
                 self.pool.touch(hits)
@@ -251,6 +261,7 @@ class SimScheduler:
                 self._head -= 1
                 r.queue_pos = self._head  # vLLM puts it at the head of the KV-holding queue
                 self.loading.add(r)
+                self.inflight.add(r)
                 continue
             if r.status is Status.WAITING:
                 out.new.append((r.rid, computed))
@@ -261,7 +272,12 @@ class SimScheduler:
             budget -= n
         return budget, (tokens, reqs, ctx, pairs)
 
+    def _reserved(self) -> int:
+        """Blocks the in-flight prefills still need to hold their whole context."""
+        return sum(max(0, -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)) for r in self.inflight)
+
     def _preempt(self, r: SimRequest) -> None:
+        self.inflight.discard(r)
         self.pool.free(r.blocks)
         r.blocks = []
         r.status = Status.PREEMPTED

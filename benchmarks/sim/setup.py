@@ -56,6 +56,7 @@ class SimBench:
     default_budget: int = VLLM_DEFAULT_BATCHED_TOKENS
     unlimited_blocks: int = 0  # usable blocks for an unlimited-KV variant (0: the runner's 16x)
     context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
+    frontend_s: tuple[float, float] = (0.0, 0.0)  # front-end latency of an input and of an output
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
 
     def __post_init__(self) -> None:
@@ -88,7 +89,8 @@ class SimBench:
             return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
-        return SimEngine(sched, factory, make_cost(self.profile, self.context_share), oracle=v.oracle, check_every=check_every)
+        return SimEngine(sched, factory, make_cost(self.profile, self.context_share), oracle=v.oracle, check_every=check_every,
+                         frontend_s=self.frontend_s)
 
 
 def write_scaled_priors(path: Path, time_scale: float) -> None:

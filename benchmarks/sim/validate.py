@@ -54,7 +54,7 @@ def _slo(bj: Mapping[str, Any], i: int) -> float:
 
 
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, context_share: float | None = None,
-             verbose: bool = True) -> dict[str, Any]:
+             frontend_s: tuple[float, float] = (0.0, 0.0), verbose: bool = True) -> dict[str, Any]:
     bj = json.loads(Path(bench_path).read_text())
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
@@ -66,7 +66,8 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, conte
     calibrate = "unlimited-kv" if fair else bj["policies"][0]
     bound = "unlimited-kv" if "unlimited-kv" in labels else "no-intercept-limit"
     sharegpt_model = setting.model if (st.get("sharegpt_prompts") or 0) > 0 else None
-    sb = SimBench(setting, bench_profile(st), token_budget=dict(bj.get("token_budget") or {}), context_share=context_share)
+    sb = SimBench(setting, bench_profile(st), token_budget=dict(bj.get("token_budget") or {}), context_share=context_share,
+                  frontend_s=frontend_s)
     res = sweep(sb, labels, [float(r) for r in bj["rates"]], float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), calibrate_label=calibrate, sharegpt_model=sharegpt_model,
                 bound=bound, verbose=verbose)
