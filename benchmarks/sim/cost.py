@@ -144,15 +144,27 @@ class Roofline:
 
     def gemm_s(self, rows: int, n: int, k: int) -> float:
         """One GEMM of `rows` x K by K x N: the longer of streaming its weights and computing its
-        output tiles, which run in waves of one tile per SM (NVIDIA's wave quantization)."""
+        output tiles, which run in waves of one tile per SM (NVIDIA's wave quantization). As cuBLAS's
+        heuristics do, skinny GEMMs (decode batches) use tiles only as tall as they need (16, 32, 64
+        rows), and a GEMM with too few tiles to fill the SMs may split K (2, 4 or 8 ways, paying for
+        the fp32 partial sums it writes and reads back): the fastest choice is taken."""
         if rows <= 0:
             return 0.0
-        mem = n * k * self.dtype_bytes / (self.hbm_bytes_per_s * self.hbm_efficiency)
+        bw = self.hbm_bytes_per_s * self.hbm_efficiency
+        mem = n * k * self.dtype_bytes / bw
         tm, tn = self.tile
+        while tm > 16 and rows <= tm // 2:
+            tm //= 2
         tiles = math.ceil(rows / tm) * math.ceil(n / tn)
-        waves = math.ceil(tiles / self.sms)
         tile_s = 2 * tm * tn * k / (self.peak_flops / self.sms * self.mma_efficiency)
-        return max(mem, waves * tile_s)
+        best = math.inf
+        for split in (1, 2, 4, 8):
+            waves = math.ceil(tiles * split / self.sms)
+            partials = 0.0 if split == 1 else 2 * rows * n * 4 * split / bw
+            best = min(best, waves * tile_s / split + partials)
+            if tiles * split >= self.sms:
+                break
+        return max(mem, best)
 
     def allreduce_s(self, rows: int) -> float:
         if self.tp <= 1 or self.allreduce_per_layer == 0 or rows <= 0:
