@@ -7,7 +7,9 @@ Two models, chosen by what the profile carries:
   profile's decode steps (`extra.decode`: B requests decoding at context C took D(B, C)) measured
   beyond it: per scheduled request, and per token of earlier context it attends to (the grid is a lone
   prompt, with no earlier context), interpolated in B between the measured batch sizes. A decode step
-  at a measured batch size and context thus takes exactly the measured D.
+  at a measured batch size and context thus takes exactly the measured D, and a lone prompt of n
+  tokens T_fwd(n) more than a one-token step: the profiler's own definition of T_fwd (time to first
+  token of n tokens less that of one token).
 * `RooflineCost` (profiles with `extra.roofline`, derived in `gpu_profiles.py`): per layer, every
   GEMM takes the longer of reading its weights and computing its tiles (wave-quantized on the GPU's
   SMs), attention the longer of reading the KV it attends to and its FLOPs, plus the tensor-parallel
