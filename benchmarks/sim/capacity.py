@@ -9,7 +9,8 @@ requests starting in the measurement window are measured as the benchmark measur
 latency: time outside calls per output token; unfinished ones at the cutoff count with their latency
 so far). N passes when the median is within the SLO (5x the unloaded latency on the bound).
 
-The search doubles N from a start until it fails (or reaches N), then bisects to `precision`. A probe
+The search doubles N from a start until it fails (or reaches N), then narrows the bracket to
+`precision` by secant steps on the median latency (bisection when a secant lands near an end). A probe
 costs about (ramp + window) / step time simulated steps whatever N is (an overloaded engine steps at
 full batch), so a policy takes roughly ten probes.
 """
@@ -17,6 +18,7 @@ full batch), so a policy takes roughly ten probes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 import statistics
 import time
@@ -148,12 +150,23 @@ def sessions_at_slo(bench: SimBench, label: str, pool: Sequence[Request], slo_s:
         else:
             hi = n
             break
+    # Between the last pass and the first failure: a secant step on the log of the median latency (it
+    # grows about exponentially towards overload), bisection when the secant lands near an end.
+    lat = {p.sessions: p.median_s for p in out.probes}
     while hi is not None and hi - lo > max(1, int(precision * max(lo, 1))):
         mid = (lo + hi) // 2
+        l_lo, l_hi = lat.get(lo), lat.get(hi)
+        if lo > 0 and l_lo and l_hi and l_hi > l_lo:
+            frac = (math.log(slo_s) - math.log(l_lo)) / (math.log(l_hi) - math.log(l_lo))
+            guess = int(lo + frac * (hi - lo))
+            margin = max(1, (hi - lo) // 8)
+            if lo + margin <= guess <= hi - margin:
+                mid = guess
         if probe(mid):
             lo = mid
         else:
             hi = mid
+        lat[mid] = out.probes[-1].median_s
     out.sessions_at_slo, out.wall_s = lo, time.time() - t0
     return out
 
