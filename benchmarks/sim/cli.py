@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--token-budget", type=int, help="max tokens per step for every policy (default: S from the profile)")
     p.add_argument("--decode-context-share", type=float,
                    help="measured CPU profiles: share of the decode step beyond T_fwd that grows with context (default 0)")
+    p.add_argument("--host-overhead-us", type=float,
+                   help="--validate: host time per held request per step, in us (default: fitted on --fit-on)")
+    p.add_argument("--fit-on", default="discard", help="--validate: the policy the host time is fitted on (default discard; 'none': 0)")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 
@@ -76,7 +79,9 @@ def main(args: argparse.Namespace) -> int:
     if args.validate:
         from benchmarks.sim.validate import print_validation, validate
 
-        v = validate(args.validate, policies=_labels(args, ()) or None, context_share=args.decode_context_share)
+        host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
+        v = validate(args.validate, policies=_labels(args, ()) or None, context_share=args.decode_context_share,
+                     host_per_request_s=host, fit_on=None if args.fit_on == "none" else args.fit_on)
         v["command"] = "infercept " + " ".join(sys.argv[1:]) if sys.argv else None
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))

@@ -39,7 +39,7 @@ class Stuck(RuntimeError):
 class SimEngine:
     def __init__(self, sched: SimScheduler, core_factory: Callable[[SimScheduler], InterceptCore], cost: StepCost, *,
                  oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0,
-                 frontend_s: tuple[float, float] = (0.0, 0.0)) -> None:
+                 frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0) -> None:
         self.sched, self.cost, self.oracle = sched, cost, oracle
         self.core = core_factory(sched)
         sched.core = self.core
@@ -51,6 +51,10 @@ class SimEngine:
         # end reaches the front end this long after the step that ended it (the replay measures its
         # latency there, and sleeps the call from there).
         self.frontend_in_s, self.frontend_out_s = frontend_s
+        # Host time per step per request the engine holds (running, queued or paused): vLLM's scheduler
+        # walks its queues (paused sessions are skipped one by one) and the intercept core scans its
+        # entries every step, in Python, on the cores that also run a CPU engine's forward pass.
+        self.host_per_request_s = host_per_request_s
         self.now = 0.0
         self.steps = 0
         self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
@@ -119,6 +123,8 @@ class SimEngine:
         copies = core.step_copies() if core.swap is not None else None
         core.scheduled(out.new, out.load.tokens)
         fwd = self.cost.forward_s(out.load)
+        if fwd and self.host_per_request_s:
+            fwd += self.host_per_request_s * len(sched.requests)
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:
             sched.loads_done(copies.loads_done)

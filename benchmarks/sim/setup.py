@@ -56,7 +56,8 @@ class SimBench:
     default_budget: int = VLLM_DEFAULT_BATCHED_TOKENS
     unlimited_blocks: int = 0  # usable blocks for an unlimited-KV variant (0: the runner's 16x)
     context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
-    frontend_s: tuple[float, float] = (0.0, 0.0)  # front-end latency of an input and of an output
+    frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
+    host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
 
     def __post_init__(self) -> None:
@@ -65,6 +66,19 @@ class SimBench:
         self.profile_path.write_text(self.profile.to_json())
         self.setting.priors_path = str(self.workdir / "priors_scaled.yaml")
         write_scaled_priors(Path(self.setting.priors_path), self.setting.time_scale)
+
+    def frontend(self) -> tuple[float, float]:
+        """The front end's share of a request's time to first token at an idle engine: what the
+        profiler measured for a one-token prompt (`extra.per_request_overhead_s`) beyond a one-token
+        step (the measured decode step of one request), half on the way in, half on the way out."""
+        if self.frontend_s is not None:
+            return self.frontend_s
+        ttft1 = self.profile.extra.get("per_request_overhead_s")
+        step1 = next((v for k, v in (self.profile.extra.get("decode") or {}).items() if str(k).startswith("batch1_")), None)
+        if not ttft1 or step1 is None:
+            return (0.0, 0.0)
+        rest = max(0.0, float(ttft1) - float(step1))
+        return (rest / 2, rest / 2)
 
     def budget(self, label: str) -> int:
         return int(self.token_budget.get(label, self.default_budget))
@@ -90,7 +104,8 @@ class SimBench:
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
         return SimEngine(sched, factory, make_cost(self.profile, self.context_share), oracle=v.oracle, check_every=check_every,
-                         frontend_s=self.frontend_s)
+                         frontend_s=self.frontend(),
+                         host_per_request_s=self.host_per_request_s)
 
 
 def write_scaled_priors(path: Path, time_scale: float) -> None:

@@ -53,8 +53,44 @@ def _slo(bj: Mapping[str, Any], i: int) -> float:
     return float(v[i] if isinstance(v, list) else v)
 
 
+HOST_GRID_S = tuple(i * 10e-6 for i in range(13))  # 0 to 120 us per held request per step
+
+
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, context_share: float | None = None,
-             frontend_s: tuple[float, float] = (0.0, 0.0), verbose: bool = True) -> dict[str, Any]:
+             frontend_s: tuple[float, float] | None = None, host_per_request_s: float | None = None,
+             fit_on: str | None = "discard", verbose: bool = True) -> dict[str, Any]:
+    """Replay and compare. The host time per held request per step (see `SimEngine`) is the one
+    constant the profile cannot give (it is the bench machine's, under the bench's load): unless
+    given, it is fitted on `fit_on` alone (the grid value whose max rate at the SLO is closest to the
+    measured one), and every other policy is then a prediction. The report also gives the errors
+    without it."""
+    fit = None
+    if host_per_request_s is None:
+        if fit_on is None:
+            host_per_request_s = 0.0
+        else:
+            fit = _fit_host(bench_path, fit_on, context_share, frontend_s)
+            host_per_request_s = fit["host_per_request_s"]
+    v = _validate(bench_path, policies, context_share, frontend_s, host_per_request_s, verbose)
+    v["cost_model"]["host_fit"] = fit
+    if host_per_request_s:
+        without = _validate(bench_path, policies, context_share, frontend_s, 0.0, False)
+        v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
+    return v
+
+
+def _fit_host(bench_path: str | Path, label: str, context_share: float | None,
+              frontend_s: tuple[float, float] | None) -> dict[str, Any]:
+    trials = []
+    for c in HOST_GRID_S:
+        p = _validate(bench_path, [label], context_share, frontend_s, c, False)["policies"][label]
+        trials.append({"host_per_request_s": c, "simulated": p["simulated"], "rel_error": p["rel_error"]})
+    best = min(trials, key=lambda t: (abs(t["rel_error"]) if t["rel_error"] is not None else 1e9, t["host_per_request_s"]))
+    return {"fitted_on": label, "host_per_request_s": best["host_per_request_s"], "trials": trials}
+
+
+def _validate(bench_path: str | Path, policies: list[str] | None, context_share: float | None,
+              frontend_s: tuple[float, float] | None, host_per_request_s: float, verbose: bool) -> dict[str, Any]:
     bj = json.loads(Path(bench_path).read_text())
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
@@ -67,7 +103,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, conte
     bound = "unlimited-kv" if "unlimited-kv" in labels else "no-intercept-limit"
     sharegpt_model = setting.model if (st.get("sharegpt_prompts") or 0) > 0 else None
     sb = SimBench(setting, bench_profile(st), token_budget=dict(bj.get("token_budget") or {}), context_share=context_share,
-                  frontend_s=frontend_s)
+                  frontend_s=frontend_s, host_per_request_s=host_per_request_s)
     res = sweep(sb, labels, [float(r) for r in bj["rates"]], float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), calibrate_label=calibrate, sharegpt_model=sharegpt_model,
                 bound=bound, verbose=verbose)
@@ -98,7 +134,9 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, conte
     errs = [abs(p["rel_error"]) for p in out_pol.values() if p["rel_error"] is not None]
     return {
         "bench": str(bench_path), "bench_commit": bj.get("commit"), "command": bj.get("command"),
-        "replay": res["replay"], "profile": sb.profile.source, "decode_context_share": sb.engine(labels[0]).cost.__dict__.get("context_share"),
+        "replay": res["replay"], "profile": sb.profile.source,
+        "cost_model": {"decode_context_share": getattr(sb.engine(labels[0]).cost, "context_share", None),
+                       "frontend_in_out_s": list(sb.frontend()), "host_per_request_s": sb.host_per_request_s},
         "seeds": seeds, "rates": res["rates"], "token_budget": res["token_budget"],
         "slo": {"measured_s": (bj.get("slo") or {}).get("slo_normalized_latency_s"),
                 "measured_unloaded_s": (bj.get("slo") or {}).get("unloaded_normalized_latency_s"),
@@ -125,15 +163,29 @@ def _brief(x: Mapping[str, Any]) -> dict[str, Any]:
 
 def print_validation(v: Mapping[str, Any]) -> None:
     print(f"\nreplay: {'; '.join(v['replay'])}")
+    cm = v["cost_model"]
+    fit = cm.get("host_fit")
+    how = f"fitted on {fit['fitted_on']}" if fit else "given"
+    print(f"cost model: decode context share {cm['decode_context_share']}, front end in/out "
+          f"{', '.join(f'{x * 1000:.1f} ms' for x in cm['frontend_in_out_s'])}, host time per held request per step "
+          f"{cm['host_per_request_s'] * 1e6:.0f} us ({how})")
     slo = v["slo"]
     ms = slo["measured_s"]
     print(f"SLO: measured {_ms(ms)} (unloaded {_ms(slo['measured_unloaded_s'])}), simulated "
           f"{', '.join(_ms(x) for x in slo['simulated_s'])} (unloaded {', '.join(_ms(x) for x in slo['simulated_unloaded_s'])})")
     print(f"{'policy':20s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s}   {'sim @ measured SLO':>18s} {'rel err':>8s}")
+    without = v.get("without_host_overhead") or {}
+    if without:
+        print(f"{'':62s}{'without host overhead':>22s}")
     for lab, p in v["policies"].items():
         e, e2 = p["rel_error"], p["rel_error_at_measured_slo"]
-        print(f"{lab:20s} {p['measured'] or 0:9.2f} {p['simulated']:9.2f} {'-' if e is None else f'{e * 100:+.1f}%':>8s}   "
-              f"{p['simulated_at_measured_slo']:18.2f} {'-' if e2 is None else f'{e2 * 100:+.1f}%':>8s}")
+        line = (f"{lab:20s} {p['measured'] or 0:9.2f} {p['simulated']:9.2f} {'-' if e is None else f'{e * 100:+.1f}%':>8s}   "
+                f"{p['simulated_at_measured_slo']:18.2f} {'-' if e2 is None else f'{e2 * 100:+.1f}%':>8s}")
+        if lab in without:
+            w = without[lab]
+            we = "-" if w["rel_error"] is None else f"{w['rel_error'] * 100:+.1f}%"
+            line += f"   {w['simulated']:9.2f} {we:>8s}"
+        print(line)
 
 
 def _ms(x: Any) -> str:

@@ -70,6 +70,11 @@ def test_validation_replays_the_bench_setting_and_reports_relative_errors(tmp_pa
     assert v["slo"]["calibrated_on"] == "discard"  # the first runner calibrated on its first policy
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
     assert v["token_budget"] == {"discard": 2048, "infercept": 2048}
+    # The host time per held request per step is fitted on discard alone, from a grid that includes 0.
+    fit = v["cost_model"]["host_fit"]
+    assert fit["fitted_on"] == "discard" and fit["trials"][0]["host_per_request_s"] == 0.0
+    assert v["cost_model"]["host_per_request_s"] == fit["host_per_request_s"]
+    assert abs(v["policies"]["discard"]["rel_error"]) == min(abs(t["rel_error"]) for t in fit["trials"])
 
 
 def test_closed_loop_sessions_run_one_request_at_a_time(tmp_path: Path) -> None:
