@@ -58,6 +58,10 @@ class SimEngine:
         self.now = 0.0
         self.steps = 0
         self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
+        # What the copies really added to steps (the simulator knows the forward time apart), metered
+        # as the core's meter does (steps with tokens; times the resident KV).
+        self.true_stall_s = 0.0
+        self.true_stall_token_s = 0.0
         self.finished: list[SimRequest] = []
         self._events: list[tuple[float, int, int, SimRequest]] = []
         self._seq = 0
@@ -134,7 +138,11 @@ class SimEngine:
         self.now += seconds
         self.steps += 1
         if out.load.tokens:
-            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, sched.resident_tokens())
+            resident = sched.resident_tokens()
+            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident)
+            stall = seconds - fwd if self.overlap else copy
+            self.true_stall_s += stall
+            self.true_stall_token_s += stall * resident
         for r, _ in out.tokens.items():
             if r.num_computed >= r.num_tokens:
                 self._sampled(r)

@@ -57,7 +57,7 @@ class PaperRun:
                          time_scale=1.0, context_scale=1.0, max_context=3500, drain_s=self.drain_s)
         budget = self.token_budget or prof.saturation_tokens
         kw: dict[str, Any] = {"token_budget": {p: budget for p in self.policies}, "default_budget": budget,
-                              "unlimited_blocks": 64 * kv // block}
+                              "unlimited_blocks": 64 * kv // block, "unlimited_slots": 100_000}
         if workdir is not None:
             kw["workdir"] = workdir
         return SimBench(s, prof, **kw)
@@ -75,6 +75,7 @@ def run_paper(p: PaperRun, verbose: bool = True) -> dict[str, Any]:
         "max_num_seqs": s.max_num_seqs, "max_model_len": s.max_model_len, "swap_space_gib": s.swap_space_gib,
         "swap_bytes_per_s": sb.profile.swap_out_bytes_per_s, "time_scale": s.time_scale, "drain_s": s.drain_s,
         "ttl_s": dict(DEFAULT_TTL_S), "unlimited_kv_blocks": sb.unlimited_blocks,
+        "unlimited_kv_extra_slots": sb.unlimited_slots,
     }
     res["paper_claims"] = PAPER_CLAIMS.get(p.model)
     return res

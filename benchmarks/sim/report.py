@@ -34,6 +34,7 @@ def headline(per_seed: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]], 
     rates: dict[str, list[float]] = {lab: [] for lab in labels}
     censored: dict[str, bool] = {lab: False for lab in labels}
     waste: dict[str, list[float]] = {lab: [] for lab in labels}
+    waste_true: dict[str, list[float]] = {lab: [] for lab in labels}
     jct: dict[str, list[float]] = {lab: [] for lab in labels}
     for runs_by_policy, slo in zip(per_seed, slo_s):
         for lab in labels:
@@ -44,6 +45,8 @@ def headline(per_seed: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]], 
             if best is not None:
                 if best.get("waste_share_of_capacity_time") is not None:
                     waste[lab].append(best["waste_share_of_capacity_time"])
+                if best.get("waste_share_true_stall") is not None:
+                    waste_true[lab].append(best["waste_share_true_stall"])
                 if (best.get("jct_s") or {}).get("mean") is not None:
                     jct[lab].append(best["jct_s"]["mean"])
     med = {lab: statistics.median(v) for lab, v in rates.items()}
@@ -59,6 +62,7 @@ def headline(per_seed: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]], 
             h[f"ratio_vs_{other}"] = ratio(lab, other)
         h["ratio_vs_bound"] = ratio(lab, bound)
         h["waste_share_at_slo_rate"] = statistics.median(waste[lab]) if waste[lab] else None
+        h["waste_share_at_slo_rate_true_stall"] = statistics.median(waste_true[lab]) if waste_true[lab] else None
         h["jct_mean_s"] = statistics.median(jct[lab]) if jct[lab] else None
         out[lab] = h
     return out

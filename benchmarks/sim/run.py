@@ -41,6 +41,7 @@ def jct(outs: Sequence[Outcome], cutoff: float) -> dict[str, float | None]:
 
 def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_tokens: int | None = None) -> dict[str, Any]:
     stats0 = eng.stats()
+    stall0 = (eng.true_stall_s, eng.true_stall_token_s)
     t0 = eng.now
     for r in reqs:
         r.arrival_s += t0
@@ -62,6 +63,13 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
         out["waste_share_of_capacity_time"] = out["waste_total_token_s"] / cap
         out["waste_share_by_kind"] = {k: v["token_s"] / cap for k, v in out["waste"].items()}
         out["pool_tokens"], out["capacity_tokens"] = out["capacity_tokens"], capacity_tokens
+    # The core's meter estimates a step's copy stall as copy - (step - copy), which counts a stall
+    # where copies overlapped a longer forward pass; the simulator knows the forward time apart.
+    true_s, true_ts = eng.true_stall_s - stall0[0], eng.true_stall_token_s - stall0[1]
+    cap_ts = out["capacity_tokens"] * wall
+    out["swap_stall_true_s"] = true_s
+    out["waste_share_true_stall"] = ((out["waste_total_token_s"] - out["waste"]["swap_stall"]["token_s"] + true_ts) / cap_ts
+                                     if cap_ts else None)
     out.update({"timed_out": len(left), "unfinished": len(left), "jct_s": jct(outs, cutoff), "steps": eng.steps - steps0,
                 "preemptions": eng.sched.preemptions, "sim_idle_steps": eng.idle_steps})
     return out

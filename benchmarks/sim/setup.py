@@ -55,6 +55,7 @@ class SimBench:
     token_budget: Mapping[str, int] = field(default_factory=dict)  # per policy label; else `default_budget`
     default_budget: int = VLLM_DEFAULT_BATCHED_TOKENS
     unlimited_blocks: int = 0  # usable blocks for an unlimited-KV variant (0: the runner's 16x)
+    unlimited_slots: int = 0  # running slots it gets beyond max_num_seqs
     context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
     frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
     host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
@@ -88,15 +89,18 @@ class SimBench:
         s = self.setting
         cfg = s.engine_config(v)
         usable = (cfg.num_kv_blocks or 1) - 1  # vLLM's block 0 is its null block
+        slots = cfg.max_num_seqs
         if v.unlimited_kv and self.unlimited_blocks:
-            usable = self.unlimited_blocks
+            # KV and a running slot for every context: paused sessions hold slots in vLLM, and a bound
+            # that ran out of slots would not be a bound.
+            usable, slots = self.unlimited_blocks, cfg.max_num_seqs + self.unlimited_slots
         cfg = dataclasses.replace(cfg, profile=str(self.profile_path))
         core_cfg = CoreConfig.from_additional_config({ADDITIONAL_CONFIG_KEY: cfg.core_config()})
         m = self.profile.kv_bytes_per_token
         block_bytes = m * cfg.block_size  # type: ignore[operator]
         host_slots = int(cfg.swap_space_gib * 2**30) // block_bytes if policy_spec(v.policy).swap else 0
         pool = BlockPool(usable, cfg.block_size, policy_spec(v.policy).prefix_caching)  # type: ignore[arg-type]
-        sched = SimScheduler(pool, max_num_seqs=cfg.max_num_seqs, max_model_len=cfg.max_model_len,
+        sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len,
                              token_budget=self.budget(label))
 
         def factory(port: SimScheduler) -> Any:
