@@ -104,8 +104,9 @@ def test_swap_moves_each_paused_context_out_and_back_within_the_step_budgets(tmp
         assert st.out_moved <= max(st.out_budget // bs, 1) * bs
         assert st.in_moved <= max(st.in_budget // bs, 1) * bs
     assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks
-    # What the copies really added (max(forward, copies) - forward) never exceeds the core's estimate.
-    assert 0 < eng.true_stall_s <= core.meter.swap_stall_s + 1e-12
+    # Copies within the budget N_i hide behind the step: they add nothing (the core's meter, which
+    # takes a step's compute as its time less the copies', estimates some stall all the same).
+    assert eng.true_stall_s == 0.0 and core.meter.swap_stall_s > 0
 
 
 def test_vllm_preempts_the_newest_running_request_when_decode_runs_out_of_blocks(tmp_path: Path) -> None:
