@@ -5,7 +5,8 @@ The setting, and where each number comes from:
 * GPT-J-6B on one A100-80GB (`configs/profiles/gptj-6b-a100-80gb.json`, derived in `gpu_profiles.py`):
   its KV capacity (vLLM's 90% memory rule), vLLM's GPU block size 16 and 256 sequences;
 * the request rates of the paper's GPT-J runs, 1.0 to 4.0 per second in steps of 0.5 (InferCept's
-  exps/6B_bench.sh); its 128 GiB host swap space (`--swap-space 128` there);
+  exps/6B_bench.sh), plus 4.5 and 5 so that every policy's SLO crossing is inside the sweep; its
+  128 GiB host swap space (`--swap-space 128` there);
 * one token budget for every policy, S from the profile (the fair benchmark's rule, issue 12);
 * the SLO: 5x the unloaded normalized latency, measured on the bound (`unlimited-kv`).
 The paper measured 30 minutes per point; the default here is 10 minutes of arrivals (`--duration`),
@@ -25,7 +26,10 @@ from engine_adapter.policy.table import DEFAULT_TTL_S
 
 PROFILES = REPO / "configs" / "profiles"
 PAPER_PROFILES = {"gptj-6b": PROFILES / "gptj-6b-a100-80gb.json", "llama2-70b": PROFILES / "llama2-70b-8xa100-80gb.json"}
-PAPER_RATES = {"gptj-6b": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0), "llama2-70b": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0)}
+# GPT-J: the paper's rates (exps/6B_bench.sh) and two more, so that every policy's SLO crossing is inside
+# the sweep; Llama-2-70B: the paper gives no rates for it here, these bracket every policy's crossing.
+PAPER_RATES = {"gptj-6b": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0),
+               "llama2-70b": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0)}
 ALL_POLICIES = ("discard", "vllm-apc", "improved-discard", "preserve", "swap", "ttl", "infercept-paper", "infercept",
                 "oracle-duration", "unlimited-kv")
 
