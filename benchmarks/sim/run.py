@@ -48,7 +48,7 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
         r.arrival_time = r.arrival_s
         eng.submit(r)
     last = max((r.arrival_s for r in reqs), default=t0)
-    steps0 = eng.steps
+    steps0, preempt0, idle0 = eng.steps, eng.sched.preemptions, eng.idle_steps
     eng.run(until=last + drain_s)
     cutoff = eng.now
     left = eng.abort_all()
@@ -71,7 +71,7 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
     out["waste_share_true_stall"] = ((out["waste_total_token_s"] - out["waste"]["swap_stall"]["token_s"] + true_ts) / cap_ts
                                      if cap_ts else None)
     out.update({"timed_out": len(left), "unfinished": len(left), "jct_s": jct(outs, cutoff), "steps": eng.steps - steps0,
-                "preemptions": eng.sched.preemptions, "sim_idle_steps": eng.idle_steps})
+                "preemptions": eng.sched.preemptions - preempt0, "sim_idle_steps": eng.idle_steps - idle0})
     return out
 
 
