@@ -4,6 +4,7 @@
     infercept serve [--config FILE] [--model default|tiny|PATH|HUB_ID] [--policy NAME] [--host H] [--port P] [--api-key KEY] [--once]
     infercept bench-overhead [--model ...] [--rounds N] [--requests N] [--out FILE]
     infercept loadtest [--sessions N] [--disconnects N] [--schemathesis N] [--out results/reliability.json]
+    infercept simulate [--quick | --validate BENCH_JSON | --paper | --sessions N] [...]
 """
 
 from __future__ import annotations
@@ -156,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--out", default="results/reliability.json")
     load.add_argument("--port", type=int, default=8765)
     load.set_defaults(func=_cmd_loadtest)
+
+    from benchmarks.sim.cli import add_arguments as add_simulate_arguments
+
+    sim = sub.add_parser("simulate", help="discrete-event simulator on the engine's own policy code (no engine, no GPU)")
+    add_simulate_arguments(sim)
+    sim.set_defaults(func=_cmd_simulate)
     return p
 
 
@@ -175,6 +182,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     from benchmarks.runner import main as bench_main
 
     return bench_main(args)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from benchmarks.sim.cli import main as simulate_main
+
+    return simulate_main(args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,143 @@
+"""`infercept simulate`: the discrete-event simulator (see benchmarks/sim/__init__.py).
+
+    infercept simulate --quick                                    # < 1 minute: 4 policies, 3 rates, GPT-J on an A100
+    infercept simulate --validate results/bench/bench.json        # replay a bench run, compare max rates at the SLO
+    infercept simulate --paper [--model gptj-6b|llama2-70b]       # the paper's Figure 2 setting, every policy
+    infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
+    infercept simulate --profile P --policies a,b --rates 1,2 --duration 300  # any sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+QUICK_POLICIES = ("discard", "vllm-apc", "infercept", "unlimited-kv")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--validate", metavar="BENCH_JSON", help="replay a benchmark run and compare each policy's max rate at the SLO")
+    mode.add_argument("--paper", action="store_true", help="the paper's Figure 2 setting on a derived GPU profile, all policies")
+    mode.add_argument("--sessions", type=int, metavar="N", help="capacity planning: concurrent sessions sustained at the SLO, up to N")
+    mode.add_argument("--quick", action="store_true", help="a short sweep (under a minute; what CI runs)")
+    p.add_argument("--profile", default="gptj-6b", help="gptj-6b | llama2-70b | a profile JSON path (default gptj-6b)")
+    p.add_argument("--model", choices=("gptj-6b", "llama2-70b"), help="--paper: which of the paper's settings (default gptj-6b)")
+    p.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
+    p.add_argument("--policies", help="comma-separated policy labels (default: all for --paper and --validate)")
+    p.add_argument("--rates", help="requests/s, comma-separated")
+    p.add_argument("--duration", type=float, help="seconds of arrivals per rate")
+    p.add_argument("--drain", type=float, help="seconds after the last arrival before the cutoff")
+    p.add_argument("--seeds", default="0", help="comma-separated workload seeds (default 0)")
+    p.add_argument("--token-budget", type=int, help="max tokens per step for every policy (default: S from the profile)")
+    p.add_argument("--decode-context-share", type=float,
+                   help="measured CPU profiles: share of the decode step beyond T_fwd that grows with context (default 0)")
+    p.add_argument("--host-overhead-us", type=float,
+                   help="--validate: host time per held request per step, in us (default: fitted on --fit-on)")
+    p.add_argument("--fit-on", default="discard", help="--validate: the policy the host time is fitted on (default discard; 'none': 0)")
+    p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
+
+
+def _labels(args: argparse.Namespace, default: tuple[str, ...]) -> list[str]:
+    return [x.strip() for x in args.policies.split(",") if x.strip()] if args.policies else list(default)
+
+
+def _floats(s: str | None) -> tuple[float, ...] | None:
+    return tuple(float(x) for x in s.split(",") if x.strip()) if s else None
+
+
+def _write(obj: Any, path: Path) -> None:
+    from benchmarks.sim.setup import dump
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dump(obj) + "\n")
+    print(f"wrote {path}")
+
+
+def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any:
+    from benchmarks.sim.paper import ALL_POLICIES, PaperRun
+
+    run = PaperRun(model=model, seeds=tuple(int(x) for x in args.seeds.split(",")))
+    run.policies = tuple(_labels(args, QUICK_POLICIES if quick else ALL_POLICIES))
+    if "unlimited-kv" not in run.policies:
+        run.policies += ("unlimited-kv",)
+    run.rates = _floats(args.rates) or ((1.0, 2.0, 3.0) if quick else None)
+    run.duration_s = args.duration or (60.0 if quick else run.duration_s)
+    run.drain_s = args.drain or (120.0 if quick else run.drain_s)
+    run.token_budget = args.token_budget
+    return run
+
+
+def main(args: argparse.Namespace) -> int:
+    from benchmarks.sim.report import table
+
+    t0 = time.time()
+    if args.validate:
+        from benchmarks.sim.validate import print_validation, validate
+
+        host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
+        v = validate(args.validate, policies=_labels(args, ()) or None, context_share=args.decode_context_share,
+                     host_per_request_s=host, fit_on=None if args.fit_on == "none" else args.fit_on)
+        v["command"] = "infercept " + " ".join(sys.argv[1:]) if sys.argv else None
+        print_validation(v)
+        _write(v, Path(args.out or "results/sim/validation.json"))
+    elif args.paper or args.quick:
+        from benchmarks.sim.paper import run_paper
+
+        model = args.model or "gptj-6b"
+        res = run_paper(_paper_run(args, model, quick=args.quick))
+        res["command"] = "infercept " + " ".join(sys.argv[1:])
+        print(f"\nSLO: median normalized latency <= {res['slo']['slo_normalized_latency_s'][0] * 1000:.2f} ms/token "
+              f"(5x the unloaded {res['slo']['unloaded_normalized_latency_s'][0] * 1000:.2f} ms on unlimited-kv)")
+        print(table(res["headline"]))
+        default = "results/sim/quick.json" if args.quick else ("results/sim/paper_scale.json" if model == "gptj-6b"
+                                                               else f"results/sim/paper_scale_{model}.json")
+        if args.out or not args.quick:
+            _write(res, Path(args.out or default))
+    elif args.sessions:
+        from benchmarks.sim.capacity import capacity
+        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun
+
+        model = args.profile if args.profile in PAPER_PROFILES else None
+        if model is None:
+            print("error: --sessions needs --profile gptj-6b or llama2-70b (a derived GPU profile)", file=sys.stderr)
+            return 2
+        labels = _labels(args, ("discard", "vllm-apc", "ttl", "swap", "infercept", "unlimited-kv"))
+        bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
+        res = capacity(bench, labels, workload=args.workload, max_sessions=args.sessions, seed=int(args.seeds.split(",")[0]))
+        res["command"] = "infercept " + " ".join(sys.argv[1:])
+        print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
+              f"workload {args.workload}, up to {args.sessions}:")
+        for lab, r in res["policies"].items():
+            print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  ({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
+        _write(res, Path(args.out or "results/sim/capacity.json"))
+    else:
+        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun
+
+        model = args.profile if args.profile in PAPER_PROFILES else "gptj-6b"
+        run = _paper_run(args, model)
+        if args.profile not in PAPER_PROFILES:
+            print("error: sweeps on other profiles: use --validate with a bench.json", file=sys.stderr)
+            return 2
+        from benchmarks.sim.paper import run_paper
+
+        res = run_paper(run)
+        print(table(res["headline"]))
+        if args.out:
+            _write(res, Path(args.out))
+    print(f"simulated in {time.time() - t0:.1f} s wall")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="infercept simulate", description=__doc__.split("\n")[0])
+    add_arguments(p)
+    return p
+
+
+if __name__ == "__main__":
+    sys.exit(main(build_parser().parse_args()))

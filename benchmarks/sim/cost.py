@@ -1,0 +1,227 @@
+"""What one simulated iteration costs: its forward time, from a performance profile, and its copies.
+
+Two models, chosen by what the profile carries:
+
+* `MeasuredCost` (profiles written by `infercept profile`, e.g. the CPU ones): the T_fwd grid as the
+  profile's own interpolation gives it (`Profile.t_fwd_s` of an unrefined copy), plus what the
+  profile's decode steps (`extra.decode`: B requests decoding at context C took D(B, C)) measured
+  beyond it: per scheduled request, and per token of earlier context it attends to (the grid is a lone
+  prompt, with no earlier context), interpolated in B between the measured batch sizes. A decode step
+  at a measured batch size and context thus takes exactly the measured D, and a lone prompt of n
+  tokens T_fwd(n) more than a one-token step: the profiler's own definition of T_fwd (time to first
+  token of n tokens less that of one token).
+* `RooflineCost` (profiles with `extra.roofline`, derived in `gpu_profiles.py`): per layer, every
+  GEMM takes the longer of reading its weights and computing its tiles (wave-quantized on the GPU's
+  SMs), attention the longer of reading the KV it attends to and its FLOPs, plus the tensor-parallel
+  all-reduces and a fixed per-step overhead.
+
+Copies (swap out and in) cost bytes / bandwidth per direction. On a GPU (or the CPU engine's emulated
+link) they run beside the forward pass and the step lasts max(forward, copies), which is what the
+swap connector's link emulation sleeps for; on a plain CPU they share the cores: forward + copies.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from engine_adapter.policy.profile import Profile
+
+_DECODE_KEY = re.compile(r"batch(\d+)_ctx(\d+)_s$")
+
+
+@dataclass(frozen=True)
+class StepLoad:
+    """What a step schedules, in aggregate."""
+
+    tokens: int  # query tokens
+    requests: int  # requests with tokens in the step
+    context: int  # sum over those requests of the tokens already in their KV (read by attention)
+    pairs: int  # (query, key) pairs attention computes: sum of q * c + q * (q + 1) / 2
+
+
+class StepCost(Protocol):
+    def forward_s(self, load: StepLoad) -> float: ...
+
+
+def pristine(profile: Profile) -> Profile:
+    """A copy whose online refinement (`Profile.observe`) is its own: the intercept core refines the
+    profile it uses, and that must never change what the simulated device costs."""
+    return dataclasses.replace(profile, _ratios={})
+
+
+class MeasuredCost:
+    """T_fwd from the grid, plus what a decode step measured beyond it, e(B) = D(B, C) - T_fwd(B),
+    split between a per-request cost and a cost per token of earlier context: a share `phi` of e(B)
+    grows with the context each scheduled request attends to, the rest is per request (sampling,
+    output processing: on a tiny CPU model the bulk of it). The profile measures one context length
+    only, so `phi` is not in it: the profile's `extra.decode_context_share` if set, else the caller's."""
+
+    def __init__(self, profile: Profile, context_share: float | None = None) -> None:
+        self.profile = pristine(profile)
+        phi = context_share if context_share is not None else self.profile.extra.get("decode_context_share", 0.0)
+        if not 0.0 <= float(phi) <= 1.0:
+            raise ValueError("decode context share must be within [0, 1]")
+        self.context_share = float(phi)
+        points: list[tuple[int, float, float]] = []
+        for key, seconds in (self.profile.extra.get("decode") or {}).items():
+            m = _DECODE_KEY.match(str(key))
+            if m is None or seconds is None or not math.isfinite(float(seconds)):
+                continue
+            batch, ctx = int(m.group(1)), int(m.group(2))
+            excess = max(0.0, float(seconds) - self.profile.t_fwd_s(batch))
+            points.append((batch, (1 - self.context_share) * excess / batch, self.context_share * excess / (batch * ctx)))
+        points.sort()
+        self._batches = [b for b, _, _ in points]
+        self._per_request = [r for _, r, _ in points]
+        self._per_context = [k for _, _, k in points]
+
+    def _interp(self, ys: list[float], requests: int) -> float:
+        bs = self._batches
+        if not bs:
+            return 0.0
+        if requests <= bs[0]:
+            return ys[0]
+        if requests >= bs[-1]:
+            return ys[-1]
+        i = bisect.bisect_left(bs, requests)
+        b0, b1 = bs[i - 1], bs[i]
+        return ys[i - 1] + (ys[i] - ys[i - 1]) * (requests - b0) / (b1 - b0)
+
+    def per_request_s(self, requests: int) -> float:
+        return self._interp(self._per_request, requests)
+
+    def per_context_token_s(self, requests: int) -> float:
+        return self._interp(self._per_context, requests)
+
+    def forward_s(self, load: StepLoad) -> float:
+        if load.tokens <= 0:
+            return 0.0
+        b = load.requests
+        return self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """A device and a model's per-device shapes (see `gpu_profiles.py` for where each number comes from)."""
+
+    layers: int
+    gemms: tuple[tuple[int, int], ...]  # (N, K) of each per-layer GEMM on one device
+    lm_head: tuple[int, int]  # (N, K) of the output projection, for the sampled rows only
+    attn_flops_per_pair: float  # per layer, per (query, key) pair, on one device (QK^T and PV)
+    kv_bytes_per_token: int  # per layer, on one device
+    sms: int
+    tile: tuple[int, int]  # (M, N) output tile of the GEMM kernels
+    peak_flops: float  # per device, dense bf16
+    mma_efficiency: float  # fraction of peak a full tile sustains
+    hbm_bytes_per_s: float
+    hbm_efficiency: float
+    fixed_s: float  # per step, outside the kernels (launches, sampling, scheduling)
+    allreduce_per_layer: int = 0  # tensor-parallel all-reduces per layer (0: one device)
+    allreduce_bus_bytes_per_s: float = 0.0
+    allreduce_latency_s: float = 0.0
+    tp: int = 1
+    hidden: int = 0
+    dtype_bytes: int = 2
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Roofline:
+        kw = dict(d)
+        kw["gemms"] = tuple(tuple(int(x) for x in g) for g in kw["gemms"])
+        kw["lm_head"] = tuple(int(x) for x in kw["lm_head"])
+        kw["tile"] = tuple(int(x) for x in kw["tile"])
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in kw.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["gemms"] = [list(g) for g in self.gemms]
+        d["lm_head"], d["tile"] = list(self.lm_head), list(self.tile)
+        return d
+
+    def gemm_s(self, rows: int, n: int, k: int) -> float:
+        """One GEMM of `rows` x K by K x N: the longer of streaming its weights and computing its
+        output tiles, which run in waves of one tile per SM (NVIDIA's wave quantization). As cuBLAS's
+        heuristics do, skinny GEMMs (decode batches) use tiles only as tall as they need (16, 32, 64
+        rows), and a GEMM with too few tiles to fill the SMs may split K (2, 4 or 8 ways, paying for
+        the fp32 partial sums it writes and reads back): the fastest choice is taken."""
+        if rows <= 0:
+            return 0.0
+        bw = self.hbm_bytes_per_s * self.hbm_efficiency
+        mem = n * k * self.dtype_bytes / bw
+        tm, tn = self.tile
+        while tm > 16 and rows <= tm // 2:
+            tm //= 2
+        tiles = math.ceil(rows / tm) * math.ceil(n / tn)
+        tile_s = 2 * tm * tn * k / (self.peak_flops / self.sms * self.mma_efficiency)
+        best = math.inf
+        for split in (1, 2, 4, 8):
+            waves = math.ceil(tiles * split / self.sms)
+            partials = 0.0 if split == 1 else 2 * rows * n * 4 * split / bw
+            best = min(best, waves * tile_s / split + partials)
+            if tiles * split >= self.sms:
+                break
+        return max(mem, best)
+
+    def allreduce_s(self, rows: int) -> float:
+        if self.tp <= 1 or self.allreduce_per_layer == 0 or rows <= 0:
+            return 0.0
+        size = rows * self.hidden * self.dtype_bytes
+        # nccl-tests' bus bandwidth: a ring all-reduce moves 2 (p - 1) / p of the buffer per device.
+        moved = size * 2 * (self.tp - 1) / self.tp
+        return self.allreduce_per_layer * (self.allreduce_latency_s + moved / self.allreduce_bus_bytes_per_s)
+
+
+class RooflineCost:
+    def __init__(self, roofline: Roofline) -> None:
+        self.r = roofline
+        self._per_tokens: dict[int, float] = {}
+
+    def _token_part_s(self, tokens: int) -> float:
+        """Per-step time that depends only on the query tokens (memoized: steps repeat sizes)."""
+        t = self._per_tokens.get(tokens)
+        if t is None:
+            r = self.r
+            layer = sum(r.gemm_s(tokens, n, k) for n, k in r.gemms) + r.allreduce_s(tokens)
+            t = r.fixed_s + r.layers * layer
+            self._per_tokens[tokens] = t
+        return t
+
+    def forward_s(self, load: StepLoad) -> float:
+        if load.tokens <= 0:
+            return 0.0
+        r = self.r
+        attn_mem = load.context * r.kv_bytes_per_token / (r.hbm_bytes_per_s * r.hbm_efficiency)
+        attn_flops = load.pairs * r.attn_flops_per_pair / (r.peak_flops * r.mma_efficiency)
+        head = r.gemm_s(load.requests, *r.lm_head)
+        return self._token_part_s(load.tokens) + r.layers * max(attn_mem, attn_flops) + head
+
+
+def make_cost(profile: Profile, context_share: float | None = None) -> StepCost:
+    roof = profile.extra.get("roofline")
+    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share)
+
+
+def copies_s(profile: Profile, out_tokens: int, in_tokens: int) -> float:
+    """Wall time of one step's swap copies at the profile's bandwidths."""
+    return profile.t_swap_out_s(out_tokens) + profile.t_swap_in_s(in_tokens)
+
+
+def overlapped(profile: Profile) -> bool:
+    """Copies run beside the forward pass (GPU side stream, or an emulated link), rather than on the
+    cores that compute it."""
+    return profile.device != "cpu"
+
+
+def step_s(forward: float, copies: float, overlap: bool) -> float:
+    return max(forward, copies) if overlap else forward + copies
+
+
+def grid(cost: StepCost, tokens: Sequence[int]) -> list[float]:
+    """T_fwd as `infercept profile` measures it: one prompt of n tokens, nothing else in the step."""
+    return [cost.forward_s(StepLoad(n, 1, 0, n * (n + 1) // 2)) for n in tokens]

@@ -1,0 +1,225 @@
+"""The simulated engine: a discrete-event loop around the simulated scheduler and the engine's own
+intercept core, calling the core exactly where `engine_adapter/scheduler.py` does:
+
+* before each step: `before_schedule(step_view, now)` (TTL expiry, demotion, swap planning, the
+  policy's per-iteration decisions; it may cap the step's token budget);
+* after the step is built: `step_copies()` (the connector ships them), then `scheduled(new, tokens)`;
+* after it ran: `step_done(seconds, tokens per request, resident tokens)`, then outputs: a turn that
+  reached its decode length pauses (`pause`; the oracle variant `tag`s it with its true duration);
+* at the call's end: `expire`, `resume` (KEEP in place; RECOMPUTE / LOAD requeued by arrival time);
+* at the end of its last turn (or an abort at the cutoff): `close`.
+
+Time advances by each step's cost (`cost.py`); while nothing is runnable it jumps to the next event
+(an arrival, a call's end) or the next TTL expiry, so idle time costs no work.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+from benchmarks.sim.cost import StepCost, copies_s, overlapped, step_s
+from benchmarks.sim.request import SimRequest
+from benchmarks.sim.scheduler import SimScheduler
+from engine_adapter.intercept.core import InterceptCore
+from engine_adapter.intercept.reports import check_integrity, engine_stats
+from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind
+from engine_adapter.policy.decide import ttl_for
+
+ARRIVAL, RESUME = 0, 1
+
+
+class Stuck(RuntimeError):
+    """Work is queued, nothing can run, and no event will ever change that (a simulator bug)."""
+
+
+class SimEngine:
+    def __init__(self, sched: SimScheduler, core_factory: Callable[[SimScheduler], InterceptCore], cost: StepCost, *,
+                 oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0,
+                 frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0) -> None:
+        self.sched, self.cost, self.oracle = sched, cost, oracle
+        self.core = core_factory(sched)
+        sched.core = self.core
+        self.bs = sched.bs
+        self.overlap = overlapped(self.core.profile)
+        self.idle_step_s = idle_step_s  # an empty engine step while work waits (vLLM's busy loop)
+        self.check_every = check_every  # run the core's integrity check every N steps (tests)
+        # (in, out): an input reaches the engine core this long after the front end sends it; a turn's
+        # end reaches the front end this long after the step that ended it (the replay measures its
+        # latency there, and sleeps the call from there).
+        self.frontend_in_s, self.frontend_out_s = frontend_s
+        # Host time per step per request the engine holds (running, queued or paused): vLLM's scheduler
+        # walks its queues (paused sessions are skipped one by one) and the intercept core scans its
+        # entries every step, in Python, on the cores that also run a CPU engine's forward pass.
+        self.host_per_request_s = host_per_request_s
+        self.now = 0.0
+        self.steps = 0
+        self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
+        # What the copies really added to steps (the simulator knows the forward time apart), metered
+        # as the core's meter does (steps with tokens; times the resident KV).
+        self.true_stall_s = 0.0
+        self.true_stall_token_s = 0.0
+        self.finished: list[SimRequest] = []
+        self._events: list[tuple[float, int, int, SimRequest]] = []
+        self._seq = 0
+        self._alive: dict[str, SimRequest] = {}
+        self.on_finish: Callable[[SimRequest], None] | None = None
+
+    # ================================================================== events
+    def submit(self, r: SimRequest) -> None:
+        self._push(r.arrival_s + self.frontend_in_s, ARRIVAL, r)
+
+    def _push(self, t: float, kind: int, r: SimRequest) -> None:
+        self._seq += 1
+        heapq.heappush(self._events, (t, self._seq, kind, r))
+
+    def _deliver_due(self) -> None:
+        ev = self._events
+        while ev and ev[0][0] <= self.now:
+            _, _, kind, r = heapq.heappop(ev)
+            if kind == ARRIVAL:
+                self._alive[r.rid] = r
+                self.sched.add(r)
+            elif r.rid in self._alive:
+                self._resume(r)
+
+    def run(self, until: float = math.inf) -> None:
+        """Step until no work and no events are left, or the clock reaches `until`."""
+        sched = self.sched
+        while True:
+            self._deliver_due()
+            if self.now >= until:
+                return
+            if sched.unfinished() == 0:
+                if not self._events:
+                    return
+                self.now = max(self.now, min(self._events[0][0], until))
+                continue
+            if not self._step():
+                wake = self._next_wake()
+                if wake is None:
+                    raise Stuck(f"t={self.now:.3f}: {sched.unfinished()} requests queued, nothing can run")
+                self.now = max(self.now, min(wake, until))
+
+    def _next_wake(self) -> float | None:
+        """Nothing ran. The engine spins empty steps; what can change things is the next event, a TTL
+        running out, or (while paused KV sits on the device) the policy's time-dependent decisions,
+        which an empty step's worth later may free room. None: nothing ever will."""
+        core = self.core
+        cands = [self._events[0][0]] if self._events else []
+        preserved = [e for e in core.entries.values() if e.state is KvState.PRESERVED]
+        if preserved:
+            cands.append(self.now + self.idle_step_s)
+            self.idle_steps += 1
+        if core.spec.ttl:
+            cands += [e.paused_at_s + ttl_for(core.settings.ttl_s, e.aug_type) for e in preserved]
+        return min(cands) if cands else None
+
+    # ================================================================== one step
+    def _step(self) -> bool:
+        core, sched = self.core, self.sched
+        budget = core.before_schedule(sched.step_view, self.now)
+        sched.max_num_scheduled_tokens = sched.default_budget if budget is None else min(budget, sched.default_budget)
+        out = sched.schedule()
+        copies = core.step_copies() if core.swap is not None else None
+        core.scheduled(out.new, out.load.tokens)
+        fwd = self.cost.forward_s(out.load)
+        if fwd and self.host_per_request_s:
+            fwd += self.host_per_request_s * len(sched.requests)
+        copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
+        if copies is not None and copies.loads_done:
+            sched.loads_done(copies.loads_done)
+        if out.load.tokens == 0 and copy == 0.0:
+            return bool(out.preempted)
+        seconds = step_s(fwd, copy, self.overlap)
+        self.now += seconds
+        self.steps += 1
+        if out.load.tokens:
+            resident = sched.resident_tokens()
+            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident)
+            stall = seconds - fwd if self.overlap else copy
+            self.true_stall_s += stall
+            self.true_stall_token_s += stall * resident
+        for r, _ in out.tokens.items():
+            if r.num_computed >= r.num_tokens:
+                self._sampled(r)
+        if self.check_every and self.steps % self.check_every == 0:
+            self.check()
+        return True
+
+    def _sampled(self, r: SimRequest) -> None:
+        r.num_tokens += 1
+        r.output_tokens += 1
+        if r.first_token_s is None:
+            r.first_token_s = self.now
+        r.turn_left -= 1
+        if r.turn_left > 0:
+            return
+        turn = r.turns[r.turn]
+        if turn.call_s is None:
+            self._finish(r)
+            return
+        # The turn reached its decode length: vLLM parks the session holding its blocks and slot,
+        # then the intercept core applies the policy (the benchmark's turn-end hint gives the type).
+        self.sched.park(r)
+        self.core.pause(PauseInfo(r.rid, r.session_id, r.aug_type, r.expected_call_s, None, None, r.num_computed,
+                                  r.arrival_time), self.now)
+        if self.oracle:
+            self.core.tag(r.session_id, r.aug_type, turn.call_s)
+        self._push(self.now + self.frontend_out_s + turn.call_s + self.frontend_in_s, RESUME, r)
+
+    def _resume(self, r: SimRequest) -> None:
+        core, sched = self.core, self.sched
+        turn = r.turns[r.turn]
+        r.call_s += turn.call_s or 0.0
+        r.turn += 1
+        r.turn_left = r.turns[r.turn].decode_tokens
+        core.expire(self.now)
+        # vLLM's session update: the slot comes back, the context keeps its computed tokens, the
+        # session puts the last sampled token back in front of the tool's output.
+        if core.holds_device(r.rid) is not False:
+            sched.paused_slots -= 1
+        r.num_tokens = r.num_computed + 1 + turn.returned_tokens
+        res = core.resume(r.rid, self.now, self.now)
+        r.arrival_time = self.now if res is None else res.arrival_time
+        if res is None or res.kind is ResumeKind.KEEP:
+            sched.resume_in_place(r)
+        else:
+            sched.requeue_by_arrival(r)
+
+    def _finish(self, r: SimRequest) -> None:
+        r.end_s = self.now + self.frontend_out_s
+        self.core.close(r.rid, self.now)
+        self.sched.finish(r)
+        self._alive.pop(r.rid, None)
+        self.finished.append(r)
+        if self.on_finish is not None:
+            self.on_finish(r)
+
+    def abort_all(self) -> list[SimRequest]:
+        """The benchmark's cutoff: every request still alive is cancelled and its session closed."""
+        sched, left = self.sched, list(self._alive.values())
+        for r in left:
+            self.core.close(r.rid, self.now)
+            sched.pool.free(r.blocks)
+            r.blocks = []
+            sched.requests.pop(r.rid, None)
+        sched.running, sched.waiting, sched.kv_ready = [], [], []
+        sched.loading, sched.inflight, sched.paused_slots = set(), set(), 0
+        self._events = [e for e in self._events if e[3].rid not in self._alive]
+        heapq.heapify(self._events)
+        self._alive.clear()
+        return left
+
+    # ================================================================== reports
+    def stats(self) -> dict[str, Any]:
+        """The engine's stats report, as `InterceptEngine.stats()` returns it to the benchmark."""
+        counts = self.sched.block_counts()
+        waiting = len(self.sched.waiting) + len(self.sched.kv_ready) + len(self.sched.loading)
+        return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now))
+
+    def check(self) -> None:
+        check_integrity(self.core, self.sched.block_counts())

@@ -1,0 +1,106 @@
+"""One policy over the request rates, as `benchmarks.runner` runs it on the real engine:
+one engine for all rates in turn (its estimator and profile refinement carry over), each rate's
+requests replayed until they finish or the cutoff (last arrival + drain), then summarized by the
+runner's own `summarize` (normalized latency, waste by kind, recompute share, ...), plus what the
+fair benchmark adds (job completion time, unfinished requests)."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.metrics import Outcome, summarize
+from benchmarks.metrics import pct as _pct
+from benchmarks.replay import TABLE1
+from benchmarks.sim.engine import SimEngine
+from benchmarks.sim.request import SimRequest, from_workload
+from benchmarks.sim.setup import SimBench, variant
+from benchmarks.workload import Request
+
+
+def sim_requests(reqs: Sequence[Request], bench: SimBench, label: str, prefix: str) -> list[SimRequest]:
+    v = variant(label)
+    s = bench.setting
+    return [from_workload(r, s.time_scale, TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None,
+                          zero_calls=v.zero_calls, rid_prefix=prefix) for r in reqs]
+
+
+def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
+    o = Outcome(index, r.aug_type, t0 + r.arrival_s)
+    o.end_s, o.first_token_s = r.end_s, r.first_token_s
+    o.call_s, o.output_tokens = r.call_s, r.output_tokens
+    return o
+
+
+def jct(outs: Sequence[Outcome], cutoff: float) -> dict[str, float | None]:
+    """Job completion time: arrival to last token, calls included (unfinished: up to the cutoff, a
+    lower bound, as the runner counts their latency)."""
+    xs = [(o.end_s if o.end_s is not None else cutoff) - o.arrival_s for o in outs]
+    return {"mean": statistics.fmean(xs) if xs else None, "p90": _pct(xs, 0.9), "median": _pct(xs, 0.5)}
+
+
+def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_tokens: int | None = None) -> dict[str, Any]:
+    stats0 = eng.stats()
+    stall0 = (eng.true_stall_s, eng.true_stall_token_s)
+    t0 = eng.now
+    for r in reqs:
+        r.arrival_s += t0
+        r.arrival_time = r.arrival_s
+        eng.submit(r)
+    last = max((r.arrival_s for r in reqs), default=t0)
+    steps0, preempt0, idle0 = eng.steps, eng.sched.preemptions, eng.idle_steps
+    eng.run(until=last + drain_s)
+    cutoff = eng.now
+    left = eng.abort_all()
+    stats1 = eng.stats()
+    outs = [outcome(r, i, 0.0) for i, r in enumerate(reqs)]
+    wall = cutoff - t0
+    pool = stats1["blocks"]["total"] * stats1["block_size"]
+    # An unlimited-KV engine's pool is larger than the device: waste is a share of the real KV
+    # capacity (the fair benchmark's rule), not of the pool it was given.
+    out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens or pool)
+    if capacity_tokens and capacity_tokens != pool:
+        out["pool_tokens"] = pool
+    # The core's meter estimates a step's copy stall as copy - (step - copy), which counts a stall
+    # where copies overlapped a longer forward pass; the simulator knows the forward time apart.
+    true_s, true_ts = eng.true_stall_s - stall0[0], eng.true_stall_token_s - stall0[1]
+    cap_ts = out["capacity_tokens"] * wall
+    out["swap_stall_true_s"] = true_s
+    out["waste_share_true_stall"] = ((out["waste_total_token_s"] - out["waste"]["swap_stall"]["token_s"] + true_ts) / cap_ts
+                                     if cap_ts else None)
+    out.update({"timed_out": len(left), "unfinished": len(left), "jct_s": jct(outs, cutoff), "steps": eng.steps - steps0,
+                "preemptions": eng.sched.preemptions - preempt0, "sim_idle_steps": eng.idle_steps - idle0})
+    return out
+
+
+def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]], drain_s: float,
+               calibrate_with: list[Request] | None = None, check_every: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(results per rate, engine info) for one policy label, as the runner's `run_variant`."""
+    eng = bench.engine(label, check_every=check_every)
+    unloaded = unloaded_latency(eng, bench, label, calibrate_with) if calibrate_with else None
+    results: dict[str, Any] = {}
+    for rate, reqs in workloads.items():
+        sims = sim_requests(reqs, bench, label, prefix=f"{rate:g}-")
+        results[f"{rate:g}"] = run_rate(eng, sims, drain_s, bench.setting.kv_tokens) | {"rate": rate}
+    info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "unloaded": unloaded,
+            "blocks": eng.sched.pool.num_blocks, "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens}
+    return results, info
+
+
+def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence[Request], n: int = 10) -> dict[str, Any]:
+    """The SLO's reference, as the runner measures it: the first requests one at a time with
+    zero-time calls (the bound's replay), on an otherwise idle engine."""
+    lat = []
+    for i, r in enumerate(reqs[:n]):
+        sim = from_workload(dataclasses.replace(r, arrival_s=0.0), bench.setting.time_scale,
+                            TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None, zero_calls=True,
+                            rid_prefix=f"cal{i}-")
+        sim.arrival_s = sim.arrival_time = eng.now
+        eng.submit(sim)
+        eng.run()
+        o = outcome(sim, i, 0.0)
+        if o.normalized_latency is not None:
+            lat.append(o.normalized_latency)
+    return {"requests": len(lat), "median_s": _pct(lat, 0.5), "p90_s": _pct(lat, 0.9)}

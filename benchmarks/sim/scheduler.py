@@ -1,0 +1,293 @@
+"""vLLM V1's scheduler, as `vllm/v1/core/sched/scheduler.py` (0.32) builds a step, over the simulated
+KV pool; and the `KvPort` the intercept core reaches the pool through (as `engine_adapter/vllm_port.py`
+does in the engine).
+
+One step (`schedule`):
+1. running requests in order, each as many tokens as it still needs (one, when decoding) within the
+   step's token budget; a request that cannot get its blocks preempts the newest running request
+   (recompute: blocks freed, back to the front of the waiting queue with nothing computed), itself
+   last;
+2. if nobody was preempted, waiting requests: first those holding KV (paused sessions resumed in
+   place, finished swap-ins) in their queue's order, then the waiting queue (first come, first
+   served), while a running slot is free (paused requests holding their KV hold a slot too); a
+   request is admitted only if its whole context fits in the free blocks, computes what fits in the
+   budget (chunked prefill), and gets its prefix-cache hits or, through the intercept core's KV
+   lookup, its swap-in: a held-back one is skipped, an armed one gets its blocks and waits for its
+   copies (`LOADING`); the first one that does not fit stops the loop.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+from typing import Any
+
+from benchmarks.sim.cost import StepLoad
+from benchmarks.sim.pool import BlockPool
+from benchmarks.sim.request import SimRequest, Status
+from engine_adapter.intercept.records import BlockCounts
+from engine_adapter.intercept.state import StepView
+
+KEY_STRIDE = 1 << 20  # prefix-cache key = request serial * stride + block index
+
+
+@dataclass
+class Scheduled:
+    tokens: dict[SimRequest, int] = field(default_factory=dict)
+    new: list[tuple[str, int]] = field(default_factory=list)  # (request, computed tokens) first scheduled
+    load: StepLoad = StepLoad(0, 0, 0, 0)
+    preempted: int = 0
+
+
+class SimScheduler:
+    def __init__(self, pool: BlockPool, *, max_num_seqs: int, max_model_len: int, token_budget: int) -> None:
+        self.pool, self.bs = pool, pool.block_size
+        self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.default_budget = self.max_num_scheduled_tokens = token_budget
+        self.core: Any = None  # the intercept core (its KV lookup is the connector's)
+        self.requests: dict[str, SimRequest] = {}
+        self.running: list[SimRequest] = []
+        self.waiting: list[SimRequest] = []
+        self.kv_ready: list[tuple[int, SimRequest]] = []  # KV-holding and schedulable, by queue position
+        self.loading: set[SimRequest] = set()
+        # vLLM's in-flight prefills: loading, or scheduled with part of their context still to compute.
+        # An async load is admitted only if it fits beside the blocks these still need.
+        self.inflight: set[SimRequest] = set()
+        self.paused_slots = 0  # vLLM's num_waiting_for_streaming_input
+        self.preemptions = 0
+        self._tail = 0  # KV-holding queue positions: appended at the tail, prepended at the head
+        self._head = 0
+        self._serial = 0
+        self._recv_done: list[str] = []
+
+    # ================================================================== KvPort
+    def release(self, request_id: str) -> None:
+        r = self.requests[request_id]
+        self.pool.free(r.blocks)
+        r.blocks = []
+        self.paused_slots -= 1
+
+    def block_ids(self, request_id: str) -> list[int]:
+        return list(self.requests[request_id].blocks)
+
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free()
+
+    def slots_full(self) -> bool:
+        return len(self.running) + self.paused_slots >= self.max_num_seqs
+
+    # ================================================================== queues
+    def add(self, r: SimRequest) -> None:
+        self._serial += 1
+        r.key = self._serial * KEY_STRIDE
+        self.requests[r.rid] = r
+        self.waiting.append(r)
+
+    def park(self, r: SimRequest) -> None:
+        """A turn ended: the request waits for its next input, holding its blocks and a slot."""
+        self.running.remove(r)
+        self.inflight.discard(r)
+        r.status = Status.PAUSED
+        self.paused_slots += 1
+        self._tail += 1
+        r.queue_pos = self._tail
+
+    def resume_in_place(self, r: SimRequest) -> None:
+        """Resumed with its KV on the device: schedulable from the KV-holding queue."""
+        r.status = Status.WAITING
+        bisect.insort(self.kv_ready, (r.queue_pos, r), key=lambda x: x[0])
+
+    def requeue_by_arrival(self, r: SimRequest) -> None:
+        """Resumed without KV on the device: into the waiting queue at its arrival time's place."""
+        r.status, r.num_computed = Status.WAITING, 0
+        q = self.waiting
+        i = len(q)
+        while i > 0 and q[i - 1].arrival_time > r.arrival_time:
+            i -= 1
+        q.insert(i, r)
+
+    def loads_done(self, rids: list[str]) -> None:
+        """Their last swap-in chunk was copied in the step that just ran: vLLM hears of it with the
+        step's output and promotes them when it builds the next step."""
+        self._recv_done.extend(rids)
+
+    def _promote_loaded(self) -> None:
+        rids, self._recv_done = self._recv_done, []
+        for rid in rids:
+            r = self.requests.get(rid)
+            if r is None or r.status is not Status.LOADING:
+                continue
+            self.loading.discard(r)
+            if r.num_computed >= r.num_tokens:
+                r.num_computed = r.num_tokens - 1  # the last token is computed to sample the next
+            r.status = Status.WAITING
+            bisect.insort(self.kv_ready, (r.queue_pos, r), key=lambda x: x[0])
+
+    def finish(self, r: SimRequest) -> None:
+        self.inflight.discard(r)
+        self.running.remove(r)
+        self.pool.free(r.blocks)
+        r.blocks = []
+        r.status = Status.FINISHED
+        del self.requests[r.rid]
+
+    def unfinished(self) -> int:
+        """Work the engine steps for (vLLM's count, less paused sessions)."""
+        return len(self.running) + len(self.waiting) + len(self.kv_ready) + len(self.loading)
+
+    # ================================================================== the step the core sees
+    def step_view(self) -> StepView:
+        budget = self.max_num_scheduled_tokens
+        need = 0
+        for r in self.running:
+            n = min(max(r.num_tokens - r.num_computed, 0), budget)
+            budget -= n
+            need += self._new_blocks(r, n)
+        head = self.kv_ready[0][1] if self.kv_ready else next(iter(self.waiting), None)
+        if head is not None and budget > 0:
+            need += self._new_blocks(head, min(head.num_tokens - head.num_computed, budget))
+        return StepView(blocks_needed=need, head_waiting=head.rid if head is not None else None,
+                        running_requests=len(self.running),
+                        running_tokens=sum(r.num_computed for r in self.running))
+
+    def _new_blocks(self, r: SimRequest, n: int) -> int:
+        return max(0, -(-(r.num_computed + n) // self.bs) - len(r.blocks))
+
+    def resident_tokens(self) -> int:
+        return (self.pool.num_blocks - self.pool.num_free()) * self.bs
+
+    def block_counts(self) -> BlockCounts:
+        paused = self.core.paused_ids(on_device=True) if self.core is not None else set()
+        preserved = sum(len(r.blocks) for r in self.requests.values() if r.rid in paused)
+        free = self.pool.num_free()
+        return BlockCounts(self.pool.num_blocks, free, self.pool.num_blocks - free - preserved, preserved)
+
+    # ================================================================== one step
+    def schedule(self) -> Scheduled:
+        self._promote_loaded()
+        out = Scheduled()
+        budget = self.max_num_scheduled_tokens
+        tokens = reqs = ctx = pairs = 0
+        i = 0
+        running = self.running
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.num_tokens - r.num_computed, budget, self.max_model_len - r.num_computed - 1)
+            if n <= 0:
+                i += 1
+                continue
+            need = -(-(r.num_computed + n) // self.bs) - len(r.blocks)
+            while need > self.pool.num_free():
+                victim = running.pop()
+                self._preempt(victim)
+                out.preempted += 1
+                if victim is r:
+                    break
+            if r.status is Status.PREEMPTED:
+                break
+            if need > 0:
+                r.blocks.extend(self.pool.allocate(need))
+            out.tokens[r] = n
+            c = r.num_computed
+            tokens, reqs, ctx, pairs = tokens + n, reqs + 1, ctx + c, pairs + n * c + n * (n + 1) // 2
+            budget -= n
+            i += 1
+        if not out.preempted:
+            budget, extra = self._schedule_waiting(out, budget)
+            tokens, reqs, ctx, pairs = tokens + extra[0], reqs + extra[1], ctx + extra[2], pairs + extra[3]
+        for r, n in out.tokens.items():
+            r.num_computed += n
+            if r.num_computed < r.num_tokens:
+                self.inflight.add(r)
+            else:
+                self.inflight.discard(r)
+            if self.pool.prefix_caching:
+                self._register(r)
+        out.load = StepLoad(tokens, reqs, ctx, pairs)
+        return out
+
+    def _schedule_waiting(self, out: Scheduled, budget: int) -> tuple[int, tuple[int, int, int, int]]:
+        tokens = reqs = ctx = pairs = 0
+        skipped = 0  # held-back swap-ins at the head of the waiting queue (vLLM skips them)
+        swap = self.core is not None and self.core.swap is not None
+        while budget > 0:
+            from_ready = bool(self.kv_ready)
+            if not from_ready and skipped >= len(self.waiting):
+                break
+            if len(self.running) + self.paused_slots >= self.max_num_seqs:
+                break
+            r = self.kv_ready[0][1] if from_ready else self.waiting[skipped]
+            hits: list[int] = []
+            ext, load_async = 0, False
+            computed = r.num_computed
+            fresh = computed == 0
+            if fresh:
+                # Prefix-cache hits stop one token short of the context: its last token is computed
+                # again to sample the next one.
+                limit = min(r.cached_blocks, (r.num_tokens - 1) // self.bs)
+                if limit > 0:
+                    hits = self.pool.find_hits(range(r.key, r.key + limit))
+                if swap:
+                    found, load_async = self.core.load_lookup(r.rid, len(hits) * self.bs)
+                    if found is None:  # held back: its swap-in has not been armed yet
+                        skipped += 1
+                        continue
+                    ext = found
+                computed = len(hits) * self.bs + ext
+            n = 0 if load_async else min(r.num_tokens - computed, budget)
+            # Admission: the whole context must fit (scheduler_reserve_full_isl); hit blocks are free
+            # blocks too, so they count against the free pool.
+            full = -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)
+            need = -(-(computed + n) // self.bs) - len(r.blocks) - len(hits)
+            free = self.pool.num_free() - (self._reserved() if load_async else 0)
+            if max(full, need + len(hits)) > free:
+                break
+            if hits:
+                self.pool.touch(hits)
+                r.blocks.extend(hits)
+            if fresh:
+                r.cached_blocks = len(hits)  # what is cached beyond the hits was evicted: recomputed anew
+            if need > 0:
+                r.blocks.extend(self.pool.allocate(need))
+            if ext:
+                self.core.load_allocated(r.rid, list(r.blocks), ext)
+            if from_ready:
+                self.kv_ready.pop(0)
+            else:
+                del self.waiting[skipped]
+            r.num_computed = computed
+            if load_async:
+                r.status = Status.LOADING
+                self._head -= 1
+                r.queue_pos = self._head  # vLLM puts it at the head of the KV-holding queue
+                self.loading.add(r)
+                self.inflight.add(r)
+                continue
+            if r.status is Status.WAITING:
+                out.new.append((r.rid, computed))
+            r.status = Status.RUNNING
+            self.running.append(r)
+            out.tokens[r] = n
+            tokens, reqs, ctx, pairs = tokens + n, reqs + 1, ctx + computed, pairs + n * computed + n * (n + 1) // 2
+            budget -= n
+        return budget, (tokens, reqs, ctx, pairs)
+
+    def _reserved(self) -> int:
+        """Blocks the in-flight prefills still need to hold their whole context."""
+        return sum(max(0, -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)) for r in self.inflight)
+
+    def _preempt(self, r: SimRequest) -> None:
+        self.inflight.discard(r)
+        self.pool.free(r.blocks)
+        r.blocks = []
+        r.status = Status.PREEMPTED
+        r.num_computed = 0
+        self.waiting.insert(0, r)
+        self.preemptions += 1
+
+    def _register(self, r: SimRequest) -> None:
+        full = min(r.num_computed // self.bs, len(r.blocks))
+        key = r.key
+        for idx in range(r.cached_blocks, full):
+            self.pool.register(r.blocks[idx], key + idx)
+        r.cached_blocks = max(r.cached_blocks, full)

@@ -1,0 +1,148 @@
+"""From a benchmark setting to a simulated engine, through the same code the benchmark and the engine
+use: the runner's `Setting.engine_config(variant)` gives the engine configuration, its
+`core_config()` the intercept core's, and `build_core` assembles the core as vLLM's scheduler does."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from benchmarks.replay import VARIANTS, Setting, Variant
+from benchmarks.sim.cost import make_cost
+from benchmarks.sim.engine import SimEngine
+from benchmarks.sim.pool import BlockPool
+from benchmarks.sim.scheduler import SimScheduler
+from benchmarks.workload import PRIORS
+from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
+from engine_adapter.intercept.build import build_core
+from engine_adapter.policy.profile import Profile
+from engine_adapter.policy.table import policy_spec
+
+VLLM_DEFAULT_BATCHED_TOKENS = 2048  # vLLM's max_num_batched_tokens when the engine sets none
+
+# The bound of the fair benchmark (issue 12): preserve, KV for every context, real call durations.
+# Older runners do not define it; the simulator does, the same way.
+EXTRA_VARIANTS = {"unlimited-kv": Variant("unlimited-kv", "preserve", unlimited_kv=True)}
+
+
+def variant(label: str) -> Variant:
+    v = VARIANTS.get(label) or EXTRA_VARIANTS.get(label)
+    if v is None:
+        raise ValueError(f"unknown policy {label!r}; choose from {', '.join([*VARIANTS, *EXTRA_VARIANTS])}")
+    return v
+
+
+def make_setting(**kw: Any) -> Setting:
+    """The runner's `Setting`, from whichever of its fields are given (unknown keys are dropped, so a
+    bench.json written by an older or newer runner still reads)."""
+    known = {f.name for f in dataclasses.fields(Setting)}
+    return Setting(**{k: v for k, v in kw.items() if k in known})
+
+
+@dataclass
+class SimBench:
+    """One simulated benchmark setting: the runner's engine setting plus what the simulator needs."""
+
+    setting: Setting
+    profile: Profile  # the device's cost profile (M is the model's real KV size)
+    token_budget: Mapping[str, int] = field(default_factory=dict)  # per policy label; else `default_budget`
+    default_budget: int = VLLM_DEFAULT_BATCHED_TOKENS
+    unlimited_blocks: int = 0  # usable blocks for an unlimited-KV variant (0: the runner's 16x)
+    unlimited_slots: int = 0  # running slots it gets beyond max_num_seqs
+    context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
+    frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
+    host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
+
+    def __post_init__(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.profile_path = self.workdir / "profile.json"
+        self.profile_path.write_text(self.profile.to_json())
+        self.setting.priors_path = str(self.workdir / "priors_scaled.yaml")
+        write_scaled_priors(Path(self.setting.priors_path), self.setting.time_scale)
+
+    def frontend(self) -> tuple[float, float]:
+        """The front end's share of a request's time to first token at an idle engine: what the
+        profiler measured for a one-token prompt (`extra.per_request_overhead_s`) beyond a one-token
+        step (the measured decode step of one request), half on the way in, half on the way out."""
+        if self.frontend_s is not None:
+            return self.frontend_s
+        ttft1 = self.profile.extra.get("per_request_overhead_s")
+        step1 = next((v for k, v in (self.profile.extra.get("decode") or {}).items() if str(k).startswith("batch1_")), None)
+        if not ttft1 or step1 is None:
+            return (0.0, 0.0)
+        rest = max(0.0, float(ttft1) - float(step1))
+        return (rest / 2, rest / 2)
+
+    def budget(self, label: str) -> int:
+        return int(self.token_budget.get(label, self.default_budget))
+
+    def engine(self, label: str, *, check_every: int = 0) -> SimEngine:
+        v = variant(label)
+        s = self.setting
+        cfg = s.engine_config(v)
+        usable = (cfg.num_kv_blocks or 1) - 1  # vLLM's block 0 is its null block
+        slots = cfg.max_num_seqs
+        if v.unlimited_kv and self.unlimited_blocks:
+            # KV and a running slot for every context: paused sessions hold slots in vLLM, and a bound
+            # that ran out of slots would not be a bound.
+            usable, slots = self.unlimited_blocks, cfg.max_num_seqs + self.unlimited_slots
+        cfg = dataclasses.replace(cfg, profile=str(self.profile_path))
+        core_cfg = CoreConfig.from_additional_config({ADDITIONAL_CONFIG_KEY: cfg.core_config()})
+        m = self.profile.kv_bytes_per_token
+        block_bytes = m * cfg.block_size  # type: ignore[operator]
+        host_slots = int(cfg.swap_space_gib * 2**30) // block_bytes if policy_spec(v.policy).swap else 0
+        pool = BlockPool(usable, cfg.block_size, policy_spec(v.policy).prefix_caching)  # type: ignore[arg-type]
+        sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len,
+                             token_budget=self.budget(label))
+
+        def factory(port: SimScheduler) -> Any:
+            return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
+                              block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
+
+        return SimEngine(sched, factory, make_cost(self.profile, self.context_share), oracle=v.oracle, check_every=check_every,
+                         frontend_s=self.frontend(),
+                         host_per_request_s=self.host_per_request_s)
+
+
+def write_scaled_priors(path: Path, time_scale: float) -> None:
+    """The engine's duration priors in the same (scaled) time as the calls it sees, as the runner
+    writes them before a benchmark."""
+    doc = yaml.safe_load(PRIORS.read_text())
+    for st in doc["types"].values():
+        st["duration_s"] = [x * time_scale for x in st["duration_s"]]
+    path.write_text(yaml.safe_dump(doc))
+
+
+def load_profile(path: str | Path) -> Profile:
+    return Profile.load(path)
+
+
+def profile_from_bench(setting: Mapping[str, Any], fallback: str | Path | None = None) -> Profile:
+    """The profile a benchmark ran with: its file if the bench names one, else rebuilt from the
+    summary the bench records (`setting.profile`: T_fwd grid in ms, S, M, decode steps)."""
+    p = setting.get("profile")
+    if isinstance(p, str) and Path(p).is_file():
+        return Profile.load(p)
+    if isinstance(p, Mapping) and p.get("t_fwd_ms"):
+        grid = sorted((int(k), float(v) / 1000) for k, v in p["t_fwd_ms"].items())
+        model = str(setting.get("model", "bench"))
+        return Profile(model=model, device="cpu", fwd_tokens=tuple(t for t, _ in grid),
+                       fwd_seconds=tuple(s for _, s in grid), saturation_tokens=int(p["saturation_tokens"]),
+                       kv_bytes_per_token=int(p["kv_bytes_per_token"]), swap_out_bytes_per_s=6e9,
+                       swap_in_bytes_per_s=6e9, source="rebuilt from bench.json setting.profile",
+                       extra={"decode": dict(p.get("decode") or {})})
+    if fallback is not None:
+        return Profile.load(fallback)
+    raise ValueError("the benchmark records no profile the simulator can use")
+
+
+def dump(obj: Any) -> str:
+    return json.dumps(obj, indent=2, default=lambda o: None if o == float("inf") else str(o))

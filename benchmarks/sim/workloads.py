@@ -1,0 +1,53 @@
+"""The benchmark's requests, from its own generator (`benchmarks.workload.generate`).
+
+A replay is exact when the generator is given what the benchmark gave it: the mixed and chatbot
+workloads draw real ShareGPT prompts, tokenized by the benchmark model's tokenizer, and the random
+draws those take shape every later request. With the ShareGPT package and the model's tokenizer
+folder present (prepared by `infercept model prepare`, never built here), the simulator passes them
+too and replays exactly the benchmark's requests; otherwise it generates without them, which is the
+same workload distribution but other draws (the result says which)."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from benchmarks.workload import ShareGPT, Request, generate
+
+
+@functools.lru_cache(maxsize=2)
+def _tokenizer_encode(model: str) -> Any:
+    from engine_adapter.models import model_dir
+
+    folder = model_dir(model)
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        return None
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    return lambda t: tok.encode(t, add_special_tokens=False)
+
+
+@functools.lru_cache(maxsize=1)
+def _sharegpt_texts() -> tuple[str, ...]:
+    return tuple(ShareGPT().texts) if ShareGPT.available() else ()
+
+
+def bench_workloads(workload: str, rates: Sequence[float], duration_s: float, seed: int, *, context_scale: float = 1.0,
+                    max_context: int = 3500, sharegpt_model: str | None = None) -> tuple[dict[float, list[Request]], str]:
+    """(requests per rate, how exact the replay is). `sharegpt_model`: the benchmark's model, whose
+    tokenizer encoded the ShareGPT prompts (None: the benchmark used none)."""
+    encode, texts, note = None, (), "synthetic prompts (as the benchmark without ShareGPT)"
+    if sharegpt_model and workload in ("mixed", "chatbot"):
+        texts = _sharegpt_texts()
+        encode = _tokenizer_encode(sharegpt_model) if texts else None
+        if encode is None or not texts:
+            texts, note = (), "approximate: the ShareGPT package or the model's tokenizer is missing, other draws"
+        else:
+            note = f"exact: ShareGPT prompts tokenized with {sharegpt_model}'s tokenizer, as the benchmark drew them"
+    out = {r: generate(workload, r, duration_s, seed, context_scale=context_scale, max_context=max_context,
+                       encode=encode, sharegpt=list(texts) if texts else None) for r in rates}
+    return out, note

@@ -1,0 +1,74 @@
+"""The step-cost models: the measured one reproduces the profile's own numbers, the derived GPU profiles
+are what their derivation gives (and S is the engine's own saturation rule applied to their grid)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.sim import gpu_profiles
+from benchmarks.sim.cost import MeasuredCost, StepLoad, copies_s, make_cost, overlapped, step_s
+from engine_adapter.policy.profile import Profile, saturation_point
+from tests.sim.helpers import toy_profile
+
+CPU = Profile(model="m", device="cpu", fwd_tokens=(64, 512, 2048), fwd_seconds=(0.003, 0.005, 0.045), saturation_tokens=512,
+              kv_bytes_per_token=1024, swap_out_bytes_per_s=1e9, swap_in_bytes_per_s=2e9,
+              extra={"decode": {"batch1_ctx512_s": 0.0046, "batch8_ctx512_s": 0.0062, "batch32_ctx512_s": 0.0153}})
+
+
+@pytest.mark.parametrize("phi", [0.0, 0.5, 1.0])
+def test_measured_cost_reproduces_the_profile(phi: float) -> None:
+    c = MeasuredCost(CPU, context_share=phi)
+    # A lone prompt of n tokens: T_fwd(n) more than a one-token step, as the profiler measures it
+    # (time to first token of n tokens, less that of one token); a one-token step at context 512 is
+    # the measured decode step, of which a share phi is its context.
+    one = 0.0046 - CPU.t_fwd_s(1)
+    for n, t in zip(CPU.fwd_tokens, CPU.fwd_seconds):
+        assert c.forward_s(StepLoad(n, 1, 0, n * (n + 1) // 2)) == pytest.approx(t + (1 - phi) * one)
+    for b, t in ((1, 0.0046), (8, 0.0062), (32, 0.0153)):  # B requests decoding at context 512
+        assert c.forward_s(StepLoad(b, b, b * 512, b * 512)) == pytest.approx(t)
+    # Between and beyond the measured batch sizes: interpolated, then held.
+    assert c.forward_s(StepLoad(16, 16, 16 * 512, 0)) > c.forward_s(StepLoad(8, 8, 8 * 512, 0))
+    grows = c.forward_s(StepLoad(8, 8, 8 * 2048, 0)) - c.forward_s(StepLoad(8, 8, 8 * 512, 0))
+    assert grows == pytest.approx(phi * (0.0062 - 0.003) / (8 * 512) * 8 * 1536)
+
+
+def test_the_refined_profile_of_the_core_never_changes_the_device_cost() -> None:
+    p = toy_profile()
+    c = make_cost(p)
+    p.observe(100, 1.0)  # the intercept core refines its own copy
+    assert p.t_fwd_s(100) > 0.05 and c.forward_s(StepLoad(100, 1, 0, 0)) == pytest.approx(0.01)
+
+
+def test_copies_overlap_on_gpus_and_links_but_add_on_a_plain_cpu() -> None:
+    assert copies_s(CPU, 1000, 1000) == pytest.approx(1000 * 1024 / 1e9 + 1000 * 1024 / 2e9)
+    assert not overlapped(CPU) and overlapped(toy_profile()) and overlapped(toy_profile(device="cpu+link"))
+    assert step_s(0.01, 0.004, overlap=True) == 0.01 and step_s(0.01, 0.03, overlap=True) == 0.03
+    assert step_s(0.01, 0.004, overlap=False) == pytest.approx(0.014)
+
+
+@pytest.mark.parametrize("key", list(gpu_profiles.SETUPS))
+def test_the_committed_gpu_profiles_are_what_the_derivation_gives(key: str) -> None:
+    derived = gpu_profiles.derive(key)
+    committed = json.loads((gpu_profiles.PROFILES / gpu_profiles.SETUPS[key].file).read_text())
+    assert committed["fwd_seconds"] == pytest.approx(list(derived.fwd_seconds))
+    assert committed["saturation_tokens"] == derived.saturation_tokens == saturation_point(derived.fwd_tokens, derived.fwd_seconds)
+    assert committed["kv_bytes_per_token"] == {"gptj-6b-a100": 458_752, "llama2-70b-8xa100": 327_680}[key]
+    assert committed["extra"]["kv_capacity_tokens"] == derived.extra["kv_capacity_tokens"]
+
+
+def test_gptj_on_an_a100_is_weight_bound_when_decoding_and_compute_bound_in_prefill() -> None:
+    p = gpu_profiles.derive("gptj-6b-a100")
+    cost = make_cost(p)
+    weights_s = 2 * gpu_profiles.GPTJ_6B.params / (2.0e12 * gpu_profiles.HBM_EFFICIENCY)
+    one = cost.forward_s(StepLoad(1, 1, 0, 1))
+    assert weights_s < one < weights_s + 2e-3  # ~7-8 ms a token: the weights stream once per step
+    # Past the knee, time per token approaches 2 x params FLOPs at the tile efficiency.
+    per_token = cost.forward_s(StepLoad(2048, 1, 0, 2048 * 2049 // 2)) / 2048
+    ideal = 2 * gpu_profiles.GPTJ_6B.params / (312e12 * gpu_profiles.MMA_EFFICIENCY)
+    assert ideal < per_token < 1.15 * ideal
+    # The KV of a decode batch is read every step: 32 requests at 2k context cost more than at 512.
+    assert cost.forward_s(StepLoad(32, 32, 32 * 2048, 32 * 2048)) > cost.forward_s(StepLoad(32, 32, 32 * 512, 32 * 512))
+    assert gpu_profiles.GPTJ_6B.params == pytest.approx(6.05e9, rel=0.01)
+    assert gpu_profiles.LLAMA2_70B.params == pytest.approx(69.0e9, rel=0.01)

@@ -1,0 +1,149 @@
+"""The simulated engine on constructed cases, with exact expected numbers: one request alone takes the
+profile's step times; chunked prefill; each policy's fate of a paused context (discard recomputes all of
+it, preserve with room never recomputes, swap moves it within the per-step budgets); vLLM's own
+preemption; and the intercept core's integrity check after every step."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from benchmarks.sim.engine import SimEngine
+from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
+
+
+def run_alone(tmp_path: Path, policy: str, **kw: object) -> tuple[SimEngine, list]:
+    eng = toy_bench(tmp_path, **kw).engine(policy, check_every=1)  # type: ignore[arg-type]
+    r = request("a", 100, [(3, 1.0, 10), (2, None, 0)])
+    eng.submit(r)
+    eng.run()
+    return eng, [r]
+
+
+@pytest.mark.parametrize("policy", ["preserve", "discard", "vllm-apc", "ttl", "infercept"])
+def test_a_single_request_takes_exactly_the_profile_step_times(tmp_path: Path, policy: str) -> None:
+    eng, (r,) = run_alone(tmp_path, policy)
+    # Turn 1: the prompt in one step (it samples the first token), two decode steps: paused at 30 ms.
+    # The call lasts 1 s; the resume (KEEP: the returned tokens and the last sampled one; or the whole
+    # context again when it was discarded, within the budget) is one step, then one decode step.
+    assert r.output_tokens == 5 and r.call_s == 1.0
+    assert r.first_token_s == pytest.approx(STEP_S)
+    assert r.end_s == pytest.approx(5 * STEP_S + 1.0)
+    assert (r.end_s - r.arrival_s - r.call_s) / r.output_tokens == pytest.approx(STEP_S)  # normalized latency
+    assert eng.steps == 5
+    rec = eng.core.ledger.records[0]
+    assert rec.context_tokens == 102 and rec.call_duration_s == pytest.approx(1.0)
+
+
+def test_chunked_prefill_within_the_token_budget(tmp_path: Path) -> None:
+    eng = toy_bench(tmp_path, budget=128).engine("preserve")
+    r = request("a", 300, [(2, None, 0)])
+    eng.submit(r)
+    eng.run()
+    assert eng.steps == 3 + 1  # 128 + 128 + 44 prompt tokens (the last chunk samples), then one decode
+    assert r.end_s == pytest.approx(4 * STEP_S)
+
+
+def test_infercept_caps_every_step_at_the_saturation_point(tmp_path: Path) -> None:
+    eng = toy_bench(tmp_path, profile=toy_profile(saturation=64)).engine("infercept")
+    r = request("a", 100, [(2, None, 0)])
+    eng.submit(r)
+    eng.run()
+    assert eng.steps == 2 + 1 and r.first_token_s == pytest.approx(2 * STEP_S)  # 64 + 36 prompt tokens, one decode
+
+
+def test_discard_recomputes_every_paused_context_and_preserve_with_room_never_does(tmp_path: Path) -> None:
+    reqs = lambda: [request(f"r{i}", 200 + 10 * i, [(5, 0.5, 20), (5, 0.3, 20), (4, None, 0)], arrival=0.01 * i) for i in range(6)]
+    totals = {}
+    for policy in ("discard", "preserve"):
+        eng = toy_bench(tmp_path / policy).engine(policy, check_every=1)
+        for r in reqs():
+            eng.submit(r)
+        eng.run()
+        t = eng.core.ledger.totals
+        contexts = sum(rec.context_tokens for rec in eng.core.ledger.records)
+        totals[policy] = (t.intercepts, t.recomputed_tokens, contexts, eng.sched.preemptions, len(eng.finished))
+    intercepts, recomputed, contexts, _, done = totals["discard"]
+    assert intercepts == 12 and done == 6
+    # Prefix caching is off for discard: every token of every paused context is computed again.
+    assert recomputed == contexts
+    intercepts, recomputed, _, preemptions, done = totals["preserve"]
+    assert (intercepts, recomputed, preemptions, done) == (12, 0, 0, 6)
+    assert eng.core.meter.recompute_forward_s == 0.0
+
+
+def test_vllm_apc_resumes_from_the_prefix_cache_while_the_blocks_survive(tmp_path: Path) -> None:
+    eng = toy_bench(tmp_path).engine("vllm-apc", check_every=1)
+    r = request("a", 100, [(3, 1.0, 10), (2, None, 0)])
+    eng.submit(r)
+    eng.run()
+    rec = eng.core.ledger.records[0]
+    # Context 102 tokens = 6 full blocks of 16 cached; the hit stops short of the last token anyway.
+    assert (rec.tokens_prefix_hit, rec.tokens_recomputed) == (96, 6)
+
+
+def test_swap_moves_each_paused_context_out_and_back_within_the_step_budgets(tmp_path: Path) -> None:
+    # 100 B/token over 16 kB/s... budget N_i = T_fwd * bw / M = 10 ms * 320 kB/s / 100 B = 32 tokens.
+    bench = toy_bench(tmp_path, profile=toy_profile(swap_bytes_per_s=320_000.0))
+    eng = bench.engine("swap", check_every=1)
+    for i in range(3):
+        eng.submit(request(f"r{i}", 300, [(4, 2.0, 8), (3, None, 0)], arrival=0.001 * i))
+    # The engine steps only while it has work that is not paused (vLLM's engine core sleeps otherwise),
+    # and copies ride on steps: a long request keeps it stepping through the calls.
+    eng.submit(request("bg", 50, [(400, None, 0)]))
+    eng.run()
+    core, bs = eng.core, eng.bs
+    assert len(eng.finished) == 4 and core.ledger.totals.recomputed_tokens == sum(
+        rec.context_tokens % bs for rec in core.ledger.records)  # only each context's partial last block
+    assert core.ledger.totals.swapped_out == 3
+    assert core.swap.stats.tokens_out == core.swap.stats.tokens_in == sum(rec.context_tokens // bs * bs for rec in core.ledger.records)
+    for st in core.swap.history:
+        assert st.out_moved + st.in_moved <= max(st.limit, 0) + 2 * bs
+        assert st.out_moved <= max(st.out_budget // bs, 1) * bs
+        assert st.in_moved <= max(st.in_budget // bs, 1) * bs
+    assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks
+    # Copies within the budget N_i hide behind the step: they add nothing (the core's meter, which
+    # takes a step's compute as its time less the copies', estimates some stall all the same).
+    assert eng.true_stall_s == 0.0 and core.meter.swap_stall_s > 0
+
+
+def test_vllm_preempts_the_newest_running_request_when_decode_runs_out_of_blocks(tmp_path: Path) -> None:
+    # 8 blocks of 16 tokens: two requests of 60 tokens fit (4 blocks each), then decode needs a 5th.
+    eng = toy_bench(tmp_path, kv_tokens=128, max_num_seqs=4).engine("preserve", check_every=1)
+    a, b = request("a", 60, [(10, None, 0)]), request("b", 60, [(10, None, 0)], arrival=0.001)
+    eng.submit(a)
+    eng.submit(b)
+    eng.run()
+    assert eng.sched.preemptions >= 1
+    assert a.end_s is not None and b.end_s is not None and a.end_s < b.end_s  # the older one is never the victim
+    assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks
+
+
+@pytest.mark.parametrize("policy", ["discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept",
+                                    "infercept-paper", "oracle-duration"])
+def test_every_policy_keeps_the_core_consistent_under_memory_pressure(tmp_path: Path, policy: str) -> None:
+    # 40 blocks for 12 requests of ~300 tokens: paused contexts compete for memory and slots.
+    bench = toy_bench(tmp_path, kv_tokens=640, max_num_seqs=6, profile=toy_profile(swap_bytes_per_s=2e6),
+                      ttl_s={"default": 0.2})
+    eng = bench.engine(policy, check_every=1)
+    for i in range(12):
+        calls = [(5 + i % 3, [0.05, 0.5, 2.0][i % 3], 16), (4, [1.0, 0.01, 0.3][i % 3], 8), (3, None, 0)]
+        eng.submit(request(f"r{i}", 250 + 7 * i, calls, arrival=0.05 * i, aug_type=["math", "qa", "tts"][i % 3]))
+    eng.run()
+    assert len(eng.finished) == 12
+    assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks and eng.sched.paused_slots == 0
+    assert not eng.core.entries
+    assert sum(r.output_tokens for r in eng.finished) == sum(12 + i % 3 for i in range(12))
+
+
+def test_the_cutoff_aborts_everything_in_flight(tmp_path: Path) -> None:
+    eng = toy_bench(tmp_path).engine("swap")
+    for i in range(4):
+        eng.submit(request(f"r{i}", 200, [(3, 5.0, 10), (3, None, 0)], arrival=0.01 * i))
+    eng.run(until=1.0)
+    left = eng.abort_all()
+    assert len(left) == 4 and not eng.core.entries
+    assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks and eng.sched.unfinished() == 0
+    assert math.isclose(eng.now, 1.0)
