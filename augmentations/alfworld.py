@@ -35,12 +35,13 @@ from typing import Any
 from augmentations.alfworld_pool import alfworld_env, close_env, ensure_task
 from augmentations.alfworld_tasks import TASK_TYPES
 from augmentations.base import CallContext, ToolError, ToolResult
+from engine_adapter.paths import infercept_home
 
 _QUIET = {"look", "inventory", "help"}
 
 
 def pool_home() -> Path:
-    return Path(os.environ.get("INFERCEPT_HOME", Path.home() / ".cache" / "infercept")) / "alfworld"
+    return infercept_home() / "alfworld"
 
 
 def official_data(setting: Path | None) -> Path | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from augmentations.base import ToolError
+from engine_adapter.paths import infercept_home
 
 SAMPLE_RATE = 24_000
 STAGES = ("text", "coarse", "fine")
@@ -35,7 +36,7 @@ _loaded: list[str | None] = [None]  # which model set bark.generation.models hol
 
 
 def tiny_bark_dir() -> Path:
-    return Path(os.environ.get("INFERCEPT_HOME", Path.home() / ".cache" / "infercept")) / "models" / "tiny-bark"
+    return infercept_home() / "models" / "tiny-bark"
 
 
 def build_tiny_bark(out: Path, seed: int = 0) -> Path:

@@ -19,10 +19,11 @@ from typing import Any
 
 from augmentations.base import Artifact, CallContext, ToolError, ToolResult
 from augmentations.workers import WorkerPool
+from engine_adapter.paths import infercept_home
 
 
 def tiny_pipeline_dir() -> Path:
-    return Path(os.environ.get("INFERCEPT_HOME", Path.home() / ".cache" / "infercept")) / "models" / "tiny-sd"
+    return infercept_home() / "models" / "tiny-sd"
 
 
 def build_tiny_pipeline(out: Path, seed: int = 0) -> Path:

