@@ -243,7 +243,10 @@ def main(args: Any) -> int:
         print("error: rates must be positive and at least one seed given", file=sys.stderr)
         return 2
     budget = args.token_budget or (int(prof["saturation_tokens"]) if prof else 512)
-    pilot_rates = sorted(rates)[len(rates) // 2 - 1: len(rates) // 2 + 1] if len(rates) >= 2 else rates
+    if getattr(args, "pilot_rates", None):
+        pilot_rates = [float(r) for r in args.pilot_rates.split(",")]
+    else:
+        pilot_rates = sorted(rates)[len(rates) // 2 - 1: len(rates) // 2 + 1] if len(rates) >= 2 else rates
     command = "infercept " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("infercept") else " ".join(sys.argv)
     plan = Plan(workload=args.workload, labels=labels, rates=rates, duration_s=args.duration or (6.0 if quick else 10.0),
                 seeds=seeds, token_budget=budget, tune=args.tune_baselines, ablation=args.ablation,

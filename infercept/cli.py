@@ -140,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--token-budget", type=int, help="max_num_batched_tokens of every engine (default: the profile's S)")
     bench.add_argument("--tune-baselines", action="store_true",
                        help="pilot each baseline and the bound at S, 2S and vLLM's default budget; sweep each at its best")
+    bench.add_argument("--pilot-rates", help="rates of the --tune-baselines pilot (default: the two middle rates)")
     bench.add_argument("--ablation", action="store_true", help="also the paper's Fig. 3 ablation, step by step")
     bench.add_argument("--model", help="default: tiny (see benchmarks/runner.py for why)")
     bench.add_argument("--slo-factor", type=float, default=5.0)
