@@ -35,7 +35,7 @@ from gateway.artifacts import ArtifactStore
 from gateway.calls import CallRecord
 from gateway.channel import TERMINAL, Event, EventChannel
 from gateway.config import ServerConfig
-from gateway.durable import HEAD_VERSION, Folded, Journal, hash_token
+from gateway.durable import HEAD_VERSION, Journal, hash_token
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
 from gateway.store import SessionStore
@@ -107,7 +107,7 @@ class AgentSession:
         self.announce_restore = False  # the next turn reports how its context came back after a restart
         self.pending: Pending | None = None
         self._task: asyncio.Task[None] | None = None
-        self._partial: list[str] = []  # what the model wrote since the last transcript entry
+        self.partial: list[str] = []  # what the model wrote since the last transcript entry
 
     # ------------------------------------------------------------------ public
     def touch(self) -> None:
@@ -273,11 +273,11 @@ class AgentSession:
         """A transcript entry (kept, and journaled for the store)."""
         self.transcript.append(entry)
         self.journal.entry(entry)
-        self._partial.clear()
+        self.partial.clear()
 
     def wrote(self, text: str) -> None:
         """Model text as it streams (journaled: an interrupted turn keeps what the client saw)."""
-        self._partial.append(text)
+        self.partial.append(text)
         self.journal.text(text)
 
     def record(self, call: CallRecord) -> None:
@@ -291,7 +291,7 @@ class AgentSession:
             if call.kind == "server" and call.result is None:
                 call.result, call.error = f"(interrupted: {reason})", True
                 self.record(call)
-        self.note({"role": "assistant", "content": "".join(self._partial), "interrupted": True, "reason": reason})
+        self.note({"role": "assistant", "content": "".join(self.partial), "interrupted": True, "reason": reason})
         self.state = "idle"
 
     def launch_after(self, call: CallRecord, result: ToolResult) -> None:
@@ -379,30 +379,4 @@ class AgentSession:
         return self.ctx.engine.encode(text)
 
 
-def restore(ctx: AgentContext, es: Session, folded: Folded, token_hash: str, store: SessionStore | None) -> AgentSession:
-    """A session read back from the store, on a fresh engine session over its stored context. A turn that
-    was in progress (generating, or in a server tool) is marked interrupted; a call it waited on (a
-    human's answer, a client's result) is still pending and answering it continues the turn."""
-    head, settings = folded.head, folded.head["settings"]
-    s = AgentSession(ctx, es, system=settings["system"], tools=list(settings["tools"]),
-                     client_tools=dict(settings["client_tools"]), max_tokens=int(settings["max_tokens"]), store=store)
-    s.token, s.token_hash = None, token_hash
-    s.created_s = float(head["created"])
-    s.last_active_s = time.monotonic() - max(0.0, time.time() - float(head["last_active"]))
-    s.transcript = list(folded.transcript)
-    s.calls = [CallRecord(**c) for c in folded.calls]
-    s.usage = dict(head["usage"])
-    s.last_end_reason = head.get("last_end_reason")
-    s.announce_restore = bool(folded.context)
-    s._partial = [folded.unreported_text] if folded.unreported_text else []
-    pending_id = head.get("pending_call_id")
-    call = next((c for c in s.calls if c.call_id == pending_id), None)
-    if call is not None:
-        s.pending = Pending(call, None)
-        s.state = "awaiting_user" if call.kind == "human" else "in_tool"
-    elif head["state"] in ("generating", "in_tool"):
-        s.interrupt("server_restart")
-    return s
-
-
-__all__ = ["AgentContext", "AgentError", "AgentSession", "Event", "Pending", "restore"]
+__all__ = ["AgentContext", "AgentError", "AgentSession", "Event", "Pending"]

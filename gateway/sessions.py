@@ -16,8 +16,10 @@ import time
 from typing import Any
 
 from engine_adapter.hints import ToolHint
-from gateway.agent import AgentContext, AgentSession, restore
-from gateway.durable import fold, token_matches
+from engine_adapter.session import Session
+from gateway.agent import AgentContext, AgentSession, Pending
+from gateway.calls import CallRecord
+from gateway.durable import Folded, fold, token_matches
 from gateway.http import ApiError
 from gateway.store import SessionStore
 
@@ -124,3 +126,29 @@ class SessionTable:
                 await s.commit()  # the interrupted marks, if any
             restored += 1
         return restored
+
+
+def restore(ctx: AgentContext, es: Session, folded: Folded, token_hash: str, store: SessionStore | None) -> AgentSession:
+    """A session read back from the store, on a fresh engine session over its stored context. A turn that
+    was in progress (generating, or in a server tool) is marked interrupted; a call it waited on (a
+    human's answer, a client's result) is still pending and answering it continues the turn."""
+    head, settings = folded.head, folded.head["settings"]
+    s = AgentSession(ctx, es, system=settings["system"], tools=list(settings["tools"]),
+                     client_tools=dict(settings["client_tools"]), max_tokens=int(settings["max_tokens"]), store=store)
+    s.token, s.token_hash = None, token_hash
+    s.created_s = float(head["created"])
+    s.last_active_s = time.monotonic() - max(0.0, time.time() - float(head["last_active"]))
+    s.transcript = list(folded.transcript)
+    s.calls = [CallRecord(**c) for c in folded.calls]
+    s.usage = dict(head["usage"])
+    s.last_end_reason = head.get("last_end_reason")
+    s.announce_restore = bool(folded.context)
+    s.partial = [folded.unreported_text] if folded.unreported_text else []
+    pending_id = head.get("pending_call_id")
+    call = next((c for c in s.calls if c.call_id == pending_id), None)
+    if call is not None:
+        s.pending = Pending(call, None)
+        s.state = "awaiting_user" if call.kind == "human" else "in_tool"
+    elif head["state"] in ("generating", "in_tool"):
+        s.interrupt("server_restart")
+    return s
