@@ -54,6 +54,13 @@ class EngineConfig:
     # vLLM's own statistics: its Prometheus metrics (the `vllm:` families: running and waiting requests,
     # KV-cache usage, time to first token, inter-token latency) in the process's default registry.
     log_stats: bool = False
+    # Scale-out through vLLM's own executors (multiprocessing on one machine, Ray across machines):
+    # every engine core runs the intercept scheduler and the swap connector. With data parallelism
+    # each session is pinned to one rank for its lifetime (its KV stays where it is).
+    tensor_parallel_size: int = 1
+    pipeline_parallel_size: int = 1
+    data_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # None: vLLM's choice ("mp" on one machine) | "mp" | "ray"
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises for an unknown name, listing the known ones
@@ -74,6 +81,11 @@ class EngineConfig:
             raise ValueError("swap_space_gib must be >= 0")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of {', '.join(ESTIMATORS)}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if not (isinstance(getattr(self, name), int) and getattr(self, name) >= 1):
+                raise ValueError(f"{name} must be an integer >= 1")
+        if self.distributed_executor_backend not in (None, "mp", "ray", "uni", "external_launcher"):
+            raise ValueError("distributed_executor_backend must be one of mp, ray, uni, external_launcher")
         for k, v in self.ttl_s.items():
             if v < 0:
                 raise ValueError(f"ttl for {k!r} must be >= 0")

@@ -55,7 +55,7 @@ class InterceptEngine:
     async def start(self) -> None:
         # Importing vLLM takes 10-30 s on a loaded machine: in a thread, so the event loop keeps serving
         # (health checks answer "starting") meanwhile.
-        AsyncLLM = await asyncio.to_thread(_async_llm_class)  # noqa: N806
+        AsyncLLM = await asyncio.to_thread(_async_llm_class)
         self.model_path = await asyncio.to_thread(resolve_model, self.config.model)
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.
@@ -115,13 +115,26 @@ class InterceptEngine:
         if sid in self._sessions:
             raise EngineError(f"session {sid} exists")
         s = Session(self, sid, tools or {}, max_tokens, dict(temperature=temperature, top_p=top_p, seed=seed, ignore_eos=ignore_eos),
-                    history=history)
+                    history=history, rank=least_loaded(self.sessions_per_rank()))
         self._sessions[sid] = s
         return s
 
     @property
     def sessions(self) -> Mapping[str, Session]:
         return self._sessions
+
+    @property
+    def ranks(self) -> int:
+        """Data-parallel ranks: engine cores, each with its own KV cache and intercept core."""
+        return self.config.data_parallel_size
+
+    def sessions_per_rank(self) -> list[int]:
+        """Open sessions pinned to each rank: a new session goes to the least loaded (sessions, not
+        requests, are what hold KV across calls)."""
+        counts = [0] * self.ranks
+        for s in self._sessions.values():
+            counts[s.rank] += 1
+        return counts
 
     def _sampling_params(self, session: Session, max_tokens: int, regex: str | None = None) -> Any:
         from vllm import SamplingParams
@@ -157,6 +170,8 @@ class InterceptEngine:
             self._sampling_params(session, session.max_tokens),
             request_id=request_id,
             kv_hints=build_hints(session.id, session.tools),
+            # With one rank vLLM ignores it; with several it pins the request (vLLM's own rank selection).
+            data_parallel_rank=session.rank if self.ranks > 1 else None,
         )
 
     @property
@@ -192,25 +207,77 @@ class InterceptEngine:
         self._sessions.pop(session_id, None)
 
     # ------------------------------------------------------------------ engine-core state
-    async def _call(self, method: str, *args: Any) -> Any:
-        return await self.llm.engine_core.call_utility_async("infercept_call", method, list(args))
+    async def _call(self, method: str, *args: Any, rank: int = 0) -> Any:
+        client = self.llm.engine_core
+        if self.ranks == 1:
+            return await client.call_utility_async("infercept_call", method, list(args))
+        return await client._call_utility_async("infercept_call", method, list(args), engine=client.core_engines[rank])
+
+    async def _call_all(self, method: str, *args: Any) -> list[Any]:
+        """One result per rank, in rank order."""
+        return [await self._call(method, *args, rank=r) for r in range(self.ranks)]
 
     async def stats(self) -> EngineStats:
-        """Policy, KV blocks by state, intercept totals, waste, swap (`InterceptCore.stats`)."""
-        return from_dict(EngineStats, await self._call("stats"))
+        """Policy, KV blocks by state, intercept totals, waste, swap (`InterceptCore.stats`); with
+        several ranks, their sum (`stats_by_rank` for each)."""
+        return (await self.stats_by_rank())[0]
+
+    async def stats_by_rank(self) -> tuple[EngineStats, list[EngineStats]]:
+        """The sum over ranks and each rank's, from one round of calls."""
+        ranks = await self._call_all("stats")
+        total = ranks[0] if len(ranks) == 1 else merge_stats(ranks)
+        return from_dict(EngineStats, total), [from_dict(EngineStats, d) for d in ranks]
 
     async def intercepts(self, session_id: str | None = None) -> list[InterceptRecord]:
-        """Every intercept the engine core keeps a record of (the last 10,000), or one session's."""
-        return [InterceptRecord.from_dict(d) for d in await self._call("intercepts", session_id)]
+        """Every intercept the engine cores keep a record of (the last 10,000 each), or one session's
+        (asked of its rank only)."""
+        if session_id is not None:
+            s = self._sessions.get(session_id)
+            found = await self._call("intercepts", session_id, rank=s.rank if s else 0) if s or self.ranks == 1 else \
+                [d for r in await self._call_all("intercepts", session_id) for d in r]
+        else:
+            found = [d for r in await self._call_all("intercepts", None) for d in r]
+        return [InterceptRecord.from_dict(d) for d in found]
 
     async def check_integrity(self) -> Integrity:
         """free + running + preserved == total, and the host buffer holds what the paused requests
-        own: checked in the engine core; raises if broken."""
-        return from_dict(Integrity, await self._call("check_integrity"))
+        own: checked in every engine core; raises if any is broken. Returns the sum over ranks."""
+        return sum_integrity(await self.integrity_by_rank())
+
+    async def integrity_by_rank(self) -> list[Integrity]:
+        return [from_dict(Integrity, d) for d in await self._call_all("check_integrity")]
 
     async def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None = None) -> bool:
         """Refine the type / expected duration of a session's current pause."""
-        return await self._call("tag", session_id, aug_type, expected_duration_s)
+        s = self._sessions.get(session_id)
+        return await self._call("tag", session_id, aug_type, expected_duration_s, rank=s.rank if s else 0)
+
+
+def sum_integrity(ranks: Sequence[Integrity]) -> Integrity:
+    return Integrity(**{k: sum(getattr(i, k) for i in ranks) for k in Integrity.__dataclass_fields__})
+
+
+def least_loaded(loads: Sequence[int]) -> int:
+    """The rank with the least load; ties go to the lowest rank."""
+    return min(range(len(loads)), key=lambda r: (loads[r], r)) if loads else 0
+
+
+# Fields that describe an engine rather than count its work: taken from rank 0, not summed.
+_SAME_ON_EVERY_RANK = frozenset({"policy", "block_size", "token_budget", "engine_time_s", "kv_bytes_per_token", "profile"})
+
+
+def merge_stats(ranks: Sequence[Any]) -> Any:
+    """Several ranks' stats dicts as one: counts and times summed, descriptions (and per-step
+    lists) from rank 0, the recompute share recomputed from the summed times."""
+    first = ranks[0]
+    if isinstance(first, dict):
+        out = {k: first[k] if k in _SAME_ON_EVERY_RANK else merge_stats([r.get(k) for r in ranks]) for k in first}
+        if "recompute_share_of_forward" in out:
+            out["recompute_share_of_forward"] = out["recompute_forward_s"] / out["forward_s"] if out["forward_s"] else 0.0
+        return out
+    if isinstance(first, bool) or not isinstance(first, (int, float)):
+        return first
+    return sum(r for r in ranks if isinstance(r, (int, float)))
 
 
 def _async_llm_class() -> Any:
@@ -253,5 +320,9 @@ def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -
         enable_prefix_caching=cfg.prefix_caching,
         async_scheduling=False,  # the scheduler subclass extends the synchronous Scheduler
         disable_log_stats=not cfg.log_stats,
+        tensor_parallel_size=cfg.tensor_parallel_size,
+        pipeline_parallel_size=cfg.pipeline_parallel_size,
+        data_parallel_size=cfg.data_parallel_size,
+        distributed_executor_backend=cfg.distributed_executor_backend,
         **extra,
     )

@@ -46,9 +46,13 @@ class Session:
         max_tokens: int,
         sampling: Mapping[str, Any],
         history: Sequence[int] = (),
+        rank: int = 0,
     ) -> None:
         self.engine = engine
         self.id = session_id
+        # The data-parallel rank (engine core) that runs every request of this session, for its whole
+        # life: its KV, preserved or swapped, lives there.
+        self.rank = rank
         self.tools = dict(tools)
         self.max_tokens = max_tokens
         self.sampling = dict(sampling)

@@ -8,7 +8,7 @@ the engine's own accounting, not a copy that could drift.
 from __future__ import annotations
 
 from collections import Counter as TallyCounter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from prometheus_client import (
@@ -38,6 +38,8 @@ class GatewayMetrics:
         self.sessions_expired = Counter("infercept_sessions_expired", "Sessions closed for idleness", registry=r)
         self.sessions = Gauge("infercept_sessions", "Open sessions by state", ["state"], registry=r)
         self.kv_blocks = Gauge("infercept_kv_blocks", "KV blocks by state", ["state"], registry=r)
+        self.rank_kv_blocks = Gauge("infercept_rank_kv_blocks", "KV blocks by data-parallel rank and state", ["rank", "state"], registry=r)
+        self.rank_sessions = Gauge("infercept_rank_sessions", "Open sessions pinned to each data-parallel rank", ["rank"], registry=r)
         self.waste_token_s = Gauge("infercept_memory_waste_token_seconds", "KV memory waste (token-seconds) by kind", ["kind"], registry=r)
         self.waste_gb_min = Gauge("infercept_memory_waste_gb_minutes", "KV memory waste (GB-minutes) by kind", ["kind"], registry=r)
         self.swap_bytes = Gauge("infercept_swap_bytes", "Bytes of KV copied between device and host, by direction", ["direction"], registry=r)
@@ -80,6 +82,13 @@ class GatewayMetrics:
         tally = TallyCounter(session_states)
         for state in ("generating", "in_tool", "awaiting_user"):
             self.sessions.labels(state).set(tally.get(state, 0))
+
+    def refresh_ranks(self, ranks: Sequence[EngineStats], sessions: Sequence[int]) -> None:
+        for r, st in enumerate(ranks):
+            b = st.blocks
+            for state, n in (("free", b.free), ("running", b.running), ("preserved", b.preserved), ("swapped", b.swapped_to_host)):
+                self.rank_kv_blocks.labels(str(r), state).set(n)
+            self.rank_sessions.labels(str(r)).set(sessions[r] if r < len(sessions) else 0)
 
     def refresh_gateway(self, turns_in_progress: int, store: Any) -> None:
         self.turns_in_progress.set(turns_in_progress)

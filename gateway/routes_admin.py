@@ -7,6 +7,7 @@ import logging
 
 from aiohttp import web
 
+from engine_adapter.engine import sum_integrity
 from gateway.api import Api
 from gateway.app import gw_of
 from gateway.http import ApiError
@@ -55,7 +56,9 @@ async def metrics(request: web.Request) -> web.Response:
     gw = gw_of(request)
     if gw.ready.is_set():
         try:
-            gw.metrics.refresh(await gw.engine.stats(), gw.session_states())
+            total, ranks = await gw.engine.stats_by_rank()
+            gw.metrics.refresh(total, gw.session_states())
+            gw.metrics.refresh_ranks(ranks, gw.engine.sessions_per_rank())
         except Exception as e:  # the engine went away under the scrape: serve the last values
             log.warning("metrics: engine stats unavailable (%s)", e)
     gw.metrics.refresh_gateway(gw.table.busy_count(), gw.store)
@@ -68,12 +71,17 @@ async def engine_stats(request: web.Request) -> web.Response:
     requests running and waiting in the engine, turns in progress, and the session store's commits."""
     gw = gw_of(request)
     gw.require_ready()
-    stats = await gw.engine.stats()
-    integrity = await gw.engine.check_integrity()
+    stats, ranks = await gw.engine.stats_by_rank()
+    checks = await gw.engine.integrity_by_rank()
+    integrity = sum_integrity(checks)
+    pinned = gw.engine.sessions_per_rank()
     return web.json_response({
         "blocks": dataclasses.asdict(stats.blocks), "block_size": stats.block_size, "policy": stats.policy,
         "totals": dataclasses.asdict(stats.totals), "waste": dataclasses.asdict(stats.waste), "paused": stats.paused,
         "running": stats.running, "waiting": stats.waiting, "sessions": len(gw.sessions),
         "turns_in_progress": gw.table.busy_count(), "integrity": dataclasses.asdict(integrity),
         "store": {"path": gw.store.path, "commits": gw.store.commits, "writes": gw.store.writes},
+        "ranks": [{"rank": r, "sessions": pinned[r], "blocks": dataclasses.asdict(st.blocks), "paused": st.paused,
+                   "running": st.running, "waiting": st.waiting, "integrity": dataclasses.asdict(checks[r])}
+                  for r, st in enumerate(ranks)],
     })

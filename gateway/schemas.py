@@ -273,6 +273,18 @@ class ToolList(Out):
     tools: list[ToolInfo]
 
 
+class RankStats(Out):
+    """One data-parallel rank (engine core): its own KV cache and intercept core."""
+
+    rank: int
+    sessions: int  # open sessions pinned to this rank
+    blocks: dict[str, int]
+    paused: int
+    running: int
+    waiting: int
+    integrity: dict[str, int]
+
+
 class Stats(Out):
     blocks: dict[str, int]
     block_size: int
@@ -285,3 +297,4 @@ class Stats(Out):
     sessions: int
     turns_in_progress: int
     store: dict[str, Any]
+    ranks: list[RankStats]  # one per data-parallel rank (the fields above sum over them)
