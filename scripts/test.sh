@@ -17,7 +17,8 @@ export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/infercept model prepare --name tiny
 .venv/bin/infercept model prepare --name default
 set +e
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+# The slowest tests are listed at the end, so a CI log shows where the time goes.
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
