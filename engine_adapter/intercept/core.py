@@ -299,7 +299,12 @@ class InterceptCore:
         copying = self._ordered(KvState.SWAPPING_OUT)
         inflight = sum((len(e.host.slots) - e.host.copied_out) * self.block_size for e in copying if e.host)
         candidates = self._views(KvState.PRESERVED) if self.spec.decide is not None else []
-        want_in = sum(e.host.tokens for e in self._ordered(KvState.LOAD_QUEUED) if e.host)
+        # Every swap-in not yet on the device wants budget: queued ones, and armed or loading ones for the
+        # blocks they still have to copy (counting only the queued ones starved the loads already under
+        # way to one block per step once the queue emptied).
+        loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
+        want_in = (sum(e.host.tokens for e in self._ordered(KvState.LOAD_QUEUED) if e.host)
+                   + sum(h.blocks_to_load for h in loading) * self.block_size)
         budget = sw.budgets(inflight + sum(v.context_tokens for v in candidates), want_in, self.kv.num_free_blocks())
         if candidates and self.spec.decide is not None:
             decision = self.spec.decide(DecisionInput(
@@ -315,7 +320,6 @@ class InterceptCore:
                 self.free(self.entries[rid], Fate.DISCARD, now)
         copying = [e for e in self._ordered(KvState.SWAPPING_OUT) if e.host is not None]
         sw.plan_copy_out([(e.host, lambda e=e: self.kv.block_ids(e.request_id)) for e in copying], budget.out_tokens)
-        loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
         queued = self._ordered(KvState.LOAD_QUEUED)
         at_head = bool(queued) and view.get().head_waiting == queued[0].request_id
         for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading, at_head)]:

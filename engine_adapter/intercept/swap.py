@@ -54,6 +54,11 @@ class HostCopy:
     def out_complete(self) -> bool:
         return self.copied_out == len(self.slots)
 
+    @property
+    def blocks_to_load(self) -> int:
+        """Blocks still to copy in: all of them until the load is armed with device blocks."""
+        return len(self.to_load) if self.to_load is not None else len(self.slots)
+
 
 @dataclass(frozen=True)
 class StepCopies:
@@ -146,7 +151,7 @@ class SwapPlanner:
         vLLM and is copied in over the next steps. The first is armed anyway when it heads vLLM's
         waiting queue: held back there, vLLM would skip it, and newer arrivals would take the memory it
         waits for again and again; armed, it holds its place (vLLM waits for room there)."""
-        pipeline = sum(len(h.to_load) if h.to_load is not None else len(h.slots) for h in loading)
+        pipeline = sum(h.blocks_to_load for h in loading)
         n = 0
         for host in queued:
             if pipeline >= max(1, self.in_budget_blocks):

@@ -324,3 +324,21 @@ def test_demotion_makes_room_for_a_whole_swap_in() -> None:
     # was demoted, not just one chunk's worth freed.
     assert core.entries["b"].record.kv_fate is Fate.DEMOTED and core.entries["c"].state is KvState.PRESERVED
     assert pool.num_free_blocks() == 12
+
+
+def test_a_load_under_way_keeps_its_swap_in_budget_every_step() -> None:
+    """Budgets are planned before every step: a load already armed (nothing left queued) still gets
+    the step's swap-in budget (3 blocks here), not the one-block trickle that keeps loads finishing."""
+    pool = Pool()
+    core = make("swap", pool, host_slots=32)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)
+    for t in (0.01, 0.02, 0.03):
+        step(core, pool, t)
+    e = core.entries["a"]
+    assert e.state is KvState.SWAPPED
+    core.resume("a", 1.0, 99.0)
+    step(core, pool, 1.01)
+    assert e.state is KvState.LOAD_ARMED
+    core.load_allocated("a", [40, 41, 42, 43, 44, 45], 6 * BLOCK)
+    moved = [len(step(core, pool, t).swap_in) for t in (1.02, 1.03)]
+    assert moved == [3, 3] and e.state is KvState.LOADED
