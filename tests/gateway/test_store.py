@@ -17,7 +17,7 @@ import pytest
 from augmentations.base import Artifact
 from gateway.artifacts import ArtifactStore
 from gateway.durable import fold, hash_token, token_matches
-from gateway.store import MEMORY, SqliteStore
+from gateway.store import MEMORY, SqliteStore, StoreError, _Job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +66,40 @@ async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
         assert [e["text"] for e in got.events] == [str(i) for i in range(100)]
     finally:
         await store.close()
+
+
+async def test_writes_queued_after_close_fail_instead_of_hanging() -> None:
+    store = SqliteStore(MEMORY)
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(store._submit(lambda db: gate.wait(10)))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)  # the close's sentinel is queued behind the blocked transaction
+    late = asyncio.ensure_future(store.put("s", "h", {}))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.wait_for(closing, 5)
+    assert await blocker is True
+    with pytest.raises(StoreError):
+        await asyncio.wait_for(late, 5)  # settled, not awaited forever
+    with pytest.raises(StoreError):
+        await store.put("s", "h", {})
+
+
+def test_a_write_whose_loop_closed_does_not_kill_the_writer() -> None:
+    store = SqliteStore(MEMORY)
+    gone = asyncio.new_event_loop()
+    fut = gone.create_future()
+    gone.close()  # its caller went away with its loop before the write was done
+    store._jobs.put(_Job(lambda db: None, gone, fut))
+
+    async def later() -> list[str]:
+        await store.put("s", "h", {})
+        return await store.list()
+
+    assert asyncio.run(later()) == ["s"]
+    assert store._thread.is_alive()
+    asyncio.run(store.close())
 
 
 WRITER = """
