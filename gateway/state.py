@@ -104,9 +104,9 @@ class Gateway:
             self.down_reason = None
             self.ready.set()
             stats = await self.engine.stats()
-            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s sessions_restored=%d",
+            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s sessions_restored=%d sessions_skipped=%d",
                      time.perf_counter() - t0, self.engine.model_path, stats.policy, stats.blocks.total,
-                     stats.block_size, ",".join(self.registry.names()), self.restored)
+                     stats.block_size, ",".join(self.registry.names()), self.restored, self.table.skipped)
         except asyncio.CancelledError:
             raise
         except Exception as e:
