@@ -62,7 +62,7 @@ class Gateway:
         self._lock = StateLock(self.state_dir) if self.state_dir is not None else None
         self.artifacts = ArtifactStore(config.server.artifact_store_mb * 2**20,
                                        self.state_dir / "artifacts" if self.state_dir is not None else None)
-        self.table = SessionTable(self.store)
+        self.table = SessionTable(self.store, on_removed=self.artifacts.drop_session)
         self.ctx: AgentContext | None = None  # once the engine is ready
         self.ready = asyncio.Event()
         self.start_error: BaseException | None = None
@@ -99,7 +99,7 @@ class Gateway:
             await s.close()
             self.restored = await self.table.restore_all(self.ctx)
             if not self._artifacts_loaded:  # files of sessions that are gone are removed once, at start
-                self.artifacts.load(self.table.live)
+                await self.artifacts.load(self.table.live)
                 self._artifacts_loaded = True
             self.down_reason = None
             self.ready.set()

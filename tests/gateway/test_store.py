@@ -171,21 +171,36 @@ def test_tokens_are_stored_as_hashes() -> None:
     assert token_matches("secret-token", h) and not token_matches("secret-tokeN", h) and not token_matches("", h)
 
 
-def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp_path: Path) -> None:
+async def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp_path: Path) -> None:
     folder = tmp_path / "artifacts"
     store = ArtifactStore(250, folder)
-    a = store.put(Artifact("image", "image/png", b"a" * 100), "sess-live")
-    b = store.put(Artifact("audio", "audio/wav", b"b" * 100), "sess-gone")
-    c = store.put(Artifact("image", "image/png", b"c" * 100), "sess-live")  # over the bound: the oldest (a) goes
+    a = await store.put(Artifact("image", "image/png", b"a" * 100), "sess-live")
+    b = await store.put(Artifact("audio", "audio/wav", b"b" * 100), "sess-gone")
+    c = await store.put(Artifact("image", "image/png", b"c" * 100), "sess-live")  # over the bound: the oldest (a) goes
     aid = lambda url: url.rsplit("/", 1)[1]  # noqa: E731
     assert store.get(aid(a)) is None and not (folder / "sess-live" / aid(a)).exists()
     assert store.bytes == 200
 
     again = ArtifactStore(250, folder)  # a restart: sess-gone is not live any more
-    assert again.load(["sess-live"]) == 1
+    assert await again.load(["sess-live"]) == 1
     item = again.get(aid(c))
-    assert item is not None and item.read() == b"c" * 100 and item.mime == "image/png" and item.session_id == "sess-live"
+    assert item is not None and await again.read(item) == b"c" * 100 and item.mime == "image/png" and item.session_id == "sess-live"
     assert again.get(aid(b)) is None and not (folder / "sess-gone").exists()
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+async def test_a_deleted_sessions_artifacts_are_removed(tmp_path: Path, on_disk: bool) -> None:
+    folder = tmp_path / "artifacts" if on_disk else None
+    store = ArtifactStore(10_000, folder)
+    aid = lambda url: url.rsplit("/", 1)[1]  # noqa: E731
+    mine = [aid(await store.put(Artifact("image", "image/png", b"m" * 10), "sess-a")) for _ in range(3)]
+    other = aid(await store.put(Artifact("image", "image/png", b"o" * 10), "sess-b"))
+    assert await store.drop_session("sess-a") == 3
+    assert all(store.get(m) is None for m in mine) and store.bytes == 10 and len(store) == 1
+    item = store.get(other)
+    assert item is not None and await store.read(item) == b"o" * 10  # another session's are kept
+    if folder is not None:
+        assert not (folder / "sess-a").exists() and (folder / "sess-b" / other).exists()
 
 
 def test_the_store_refuses_a_newer_schema(tmp_path: Path) -> None:
