@@ -285,8 +285,7 @@ class AgentSession:
         self.journal.call(call.to_dict())
 
     def interrupt(self, reason: str) -> None:
-        """Mark the turn in progress interrupted: what the model wrote since the last entry, and a server
-        call that was running, which now has no result."""
+        """Mark the turn in progress interrupted: the model's text since the last entry, a running server call."""
         for call in self.calls:
             if call.kind == "server" and call.result is None:
                 call.result, call.error = f"(interrupted: {reason})", True
@@ -338,10 +337,11 @@ class AgentSession:
             pending.future.set_result(content)
 
     async def _consume(self) -> AsyncIterator[list[Event]]:
-        """The loop's event batches up to the next terminal event. Leaving early cancels the loop. A
-        batch the store cannot commit is not handed over (`store_failed`)."""
+        """The loop's event batches to the next terminal event, after an `[]` at once (attached: from then on
+        leaving early cancels the loop). A batch the store cannot commit is not handed over (`store_failed`)."""
         finished = False
         try:
+            yield []
             try:
                 async for batch in self.channel.batches(self.commit, self.ctx.limits.sse_ping_s):
                     # Set before handing the terminal batch over: a reader may stop right after it.

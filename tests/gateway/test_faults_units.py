@@ -188,8 +188,8 @@ async def test_a_batch_the_store_cannot_commit_becomes_a_store_unavailable_error
     store.fail = True
     s.emit("token", text="Thought: ")
     batches = [b async for b in s.events()]
-    assert batches == [[("error", {"type": "store_unavailable", "message": batches[0][0][1]["message"]})]]
-    assert "disk I/O error" in batches[0][0][1]["message"]
+    assert batches == [[], [("error", {"type": "store_unavailable", "message": batches[1][0][1]["message"]})]]
+    assert "disk I/O error" in batches[1][0][1]["message"]
     # The turn is interrupted for the store, not counted as a client disconnect; the session stays usable.
     assert s.state == "idle" and s.transcript[-1] == {"role": "assistant", "content": "Thought: ", "interrupted": True,
                                                       "reason": "store_unavailable"}
