@@ -48,9 +48,12 @@ MAX_MODEL_LEN = 1024
 SCHEMATHESIS_TIMEOUT_S = 3600  # a hung schemathesis must not hang the load test
 
 
+DISCONNECT_TURN_TOKENS = 128  # long enough to be streaming when the client drops after 3 tokens
+
+
 def long_turn_tokens(max_model_len: int) -> int:
-    """max_tokens of a session whose turn must still stream when it is cut (a disconnect, a kill -9): long,
-    but within the model's context, or the session is refused with a 400 and the phase measures nothing."""
+    """max_tokens of a session whose turn must still stream when the server is killed: long, but within the
+    model's context, or the session is refused with a 400 and the phase measures nothing."""
     return max_model_len // 2
 
 
@@ -119,11 +122,12 @@ async def phase_sessions(server: ServerProcess, n: int, key: str = API_KEY) -> d
     return out
 
 
-async def phase_disconnects(server: ServerProcess, n: int, key: str = API_KEY, max_model_len: int = MAX_MODEL_LEN) -> dict[str, Any]:
+async def phase_disconnects(server: ServerProcess, n: int, key: str = API_KEY, turn_tokens: int = DISCONNECT_TURN_TOKENS) -> dict[str, Any]:
+    """`turn_tokens`: the sessions' max_tokens, for the dropped turn and for the message that shows the
+    session still usable (kept moderate: that message runs to its end)."""
     headers = {"Authorization": f"Bearer {key}"}
     before = await raw_get(server.url, "/metrics", headers, text=True)
-    long = long_turn_tokens(max_model_len)
-    outcomes = await asyncio.gather(*(disconnecting_client(server.url, key, i, max_tokens=long) for i in range(n)))
+    outcomes = await asyncio.gather(*(disconnecting_client(server.url, key, i, max_tokens=turn_tokens) for i in range(n)))
     stats = await settle(server.url, headers)
     after = await raw_get(server.url, "/metrics", headers, text=True)
     dropped = sum(1 for o in outcomes if o.kind == "dropped")

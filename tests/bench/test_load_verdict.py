@@ -6,7 +6,7 @@ from __future__ import annotations
 import copy
 
 from infercept import load_verdict
-from infercept.loadtest import MAX_MODEL_LEN, long_turn_tokens
+from infercept.loadtest import DISCONNECT_TURN_TOKENS, MAX_MODEL_LEN, long_turn_tokens
 
 AFTER = {"deleted": 4, "blocks": {"total": 10, "free": 10}, "all_blocks_free": True,
          "integrity": {"total": 10, "free": 10, "running": 0, "preserved": 0, "host_tokens": 0}, "running": 0, "waiting": 0}
@@ -67,3 +67,4 @@ def test_a_phase_that_did_not_finish_fails() -> None:
 def test_long_turns_fit_the_loadtest_context() -> None:
     # The disconnect and kill clients' sessions must be accepted (max_tokens within max_model_len).
     assert 16 < long_turn_tokens(MAX_MODEL_LEN) < MAX_MODEL_LEN
+    assert 16 < DISCONNECT_TURN_TOKENS < MAX_MODEL_LEN
