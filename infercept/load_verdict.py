@@ -91,6 +91,8 @@ CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
 
 def judge(phase: str, out: dict[str, Any]) -> dict[str, Any]:
     """{"pass": bool, "failures": [...]}; a phase whose figures are missing fails, naming what is missing."""
+    if "error" in out:
+        return {"pass": False, "failures": [f"the phase failed: {out['error']}"]}
     try:
         failures = CHECKS[phase](out)
     except KeyError as e:

@@ -199,6 +199,22 @@ def phase_schemathesis(url: str, n: int, out_dir: Path, timeout_s: float = SCHEM
             "http_5xx": sum(v for k, v in statuses.items() if k >= 500), "operations_hit": len(by_op), "summary": tail}
 
 
+async def run_phase(phase: str, server: ServerProcess, args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], ServerProcess]:
+    """One phase's figures, and the server the next phase uses (a fresh one after the kill phase)."""
+    if phase == "sessions":
+        return await phase_sessions(server, args.sessions), server
+    if phase == "disconnects":
+        return await phase_disconnects(server, args.disconnects), server
+    if phase == "kill":
+        out = await phase_kill(server, args.kill_sessions, work)
+        server = ServerProcess(server.config, args.port, work / "server2.log").start()  # the phases after run on a fresh one
+        await server.wait_ready()
+        return out, server
+    if phase == "schemathesis":
+        return await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work), server
+    raise ValueError(f"unknown phase {phase!r}")
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     phases = [p.strip() for p in args.phases.split(",") if p.strip()]
     work = Path(tempfile.mkdtemp(prefix="infercept-load-"))
@@ -217,21 +233,17 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = ServerProcess(cfg, args.port, work / "server.log").start()
     try:
         await server.wait_ready()
-        for phase in phases:
+        for i, phase in enumerate(phases):
             print(f"[loadtest] {phase} ...", flush=True)
             t0 = time.perf_counter()
-            if phase == "sessions":
-                out = await phase_sessions(server, args.sessions)
-            elif phase == "disconnects":
-                out = await phase_disconnects(server, args.disconnects)
-            elif phase == "kill":
-                out = await phase_kill(server, args.kill_sessions, work)
-                server = ServerProcess(cfg, args.port, work / "server2.log").start()  # the phases after run on a fresh one
-                await server.wait_ready()
-            elif phase == "schemathesis":
-                out = await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work)
-            else:
-                raise ValueError(f"unknown phase {phase!r}")
+            try:
+                out, server = await run_phase(phase, server, args, work)
+            except Exception as e:  # noqa: BLE001 (a phase that crashed fails, and the others still run)
+                out = {"error": f"{type(e).__name__}: {e}"}
+                if server.proc is None or server.proc.poll() is not None:  # the server went down with it
+                    server.stop()
+                    server = ServerProcess(cfg, args.port, work / f"server-after-{i}-{phase}.log").start()
+                    await server.wait_ready()
             out["phase_s"] = round(time.perf_counter() - t0, 1)
             out["verdict"] = load_verdict.judge(phase, out)
             result["phases"][phase] = out

@@ -62,6 +62,8 @@ def test_each_condition_fails_its_phase() -> None:
 def test_a_phase_that_did_not_finish_fails() -> None:
     v = load_verdict.judge("kill", {"sessions_lost": 0})
     assert not v["pass"] and "did not run to the end" in v["failures"][0]
+    v = load_verdict.judge("sessions", {"error": "RuntimeError: server not ready"})
+    assert v == {"pass": False, "failures": ["the phase failed: RuntimeError: server not ready"]}
 
 
 def test_long_turns_fit_the_loadtest_context() -> None:
