@@ -192,7 +192,7 @@ async def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp
 async def test_a_deleted_sessions_artifacts_are_removed(tmp_path: Path, on_disk: bool) -> None:
     folder = tmp_path / "artifacts" if on_disk else None
     store = ArtifactStore(10_000, folder)
-    aid = lambda url: url.rsplit("/", 1)[1]  # noqa: E731
+    aid = lambda url: url.rsplit("/", 1)[1]
     mine = [aid(await store.put(Artifact("image", "image/png", b"m" * 10), "sess-a")) for _ in range(3)]
     other = aid(await store.put(Artifact("image", "image/png", b"o" * 10), "sess-b"))
     assert await store.drop_session("sess-a") == 3
@@ -201,6 +201,30 @@ async def test_a_deleted_sessions_artifacts_are_removed(tmp_path: Path, on_disk:
     assert item is not None and await store.read(item) == b"o" * 10  # another session's are kept
     if folder is not None:
         assert not (folder / "sess-a").exists() and (folder / "sess-b" / other).exists()
+
+
+async def test_artifact_file_io_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.artifacts as artifacts_mod
+
+    loop_thread, seen = threading.get_ident(), []
+
+    def spy(fn):  # type: ignore[no-untyped-def]
+        def wrapped(*a, **kw):  # type: ignore[no-untyped-def]
+            seen.append((fn.__name__, threading.get_ident() != loop_thread))
+            return fn(*a, **kw)
+        return wrapped
+
+    for name in ("_write", "_unlink_all", "_scan"):
+        monkeypatch.setattr(artifacts_mod, name, spy(getattr(artifacts_mod, name)))
+    monkeypatch.setattr(artifacts_mod.Stored, "read", spy(artifacts_mod.Stored.read))
+    store = ArtifactStore(150, tmp_path / "artifacts")
+    await store.put(Artifact("image", "image/png", b"a" * 100), "sess-a")
+    url = await store.put(Artifact("image", "image/png", b"b" * 100), "sess-a")  # evicts the first: an unlink
+    item = store.get(url.rsplit("/", 1)[1])
+    assert item is not None and await store.read(item) == b"b" * 100
+    await ArtifactStore(150, tmp_path / "artifacts").load(["sess-a"])
+    assert {name for name, _ in seen} == {"_write", "_unlink_all", "read", "_scan"}
+    assert all(off for _, off in seen), seen
 
 
 def test_the_store_refuses_a_newer_schema(tmp_path: Path) -> None:
