@@ -13,6 +13,9 @@ from typing import Any
 import aiohttp
 
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=120, sock_read=900)
+# max_tokens of a session whose message must call a tool: the forced ReAct step (a thought line, then
+# `Action: Calculator[...]`) takes the tiny model far more than 16 tokens; with 16 no turn reached its call.
+TOOL_TURN_TOKENS = 48
 
 
 @dataclass
@@ -78,7 +81,7 @@ async def session_client(url: str, key: str, i: int, existing: tuple[str, str] |
         async with aiohttp.ClientSession(timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"}) as http:
             if existing is not None:
                 out.sid, out.token = existing
-            elif not await _open(http, url, out, {"tools": ["calculator"], "max_tokens": 16}):
+            elif not await _open(http, url, out, {"tools": ["calculator"], "max_tokens": TOOL_TURN_TOKENS}):
                 return out
             body = {"content": f"What is {i} plus 2?", "tool_choice": tool_choice, "stream": True}
             async with http.post(f"{url}/v1/sessions/{out.sid}/messages", json=body, headers={"X-Session-Token": out.token}) as r:
