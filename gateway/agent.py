@@ -38,7 +38,7 @@ from gateway.config import ServerConfig
 from gateway.durable import HEAD_VERSION, Journal, hash_token
 from gateway.metrics import GatewayMetrics
 from gateway.prompts import PromptBuilder, ToolSpec
-from gateway.store import SessionStore
+from gateway.store import SessionStore, StoreError
 from gateway.toolcalls import (
     CallParser,
     ToolChoice,
@@ -285,8 +285,7 @@ class AgentSession:
         self.journal.call(call.to_dict())
 
     def interrupt(self, reason: str) -> None:
-        """Mark the turn in progress interrupted: what the model wrote since the last entry, and a server
-        call that was running, which now has no result."""
+        """Mark the turn in progress interrupted: the model's text since the last entry, a running server call."""
         for call in self.calls:
             if call.kind == "server" and call.result is None:
                 call.result, call.error = f"(interrupted: {reason})", True
@@ -338,16 +337,24 @@ class AgentSession:
             pending.future.set_result(content)
 
     async def _consume(self) -> AsyncIterator[list[Event]]:
-        """The loop's event batches up to the next terminal event. Leaving early cancels the loop."""
+        """The loop's event batches to the next terminal event, after an `[]` at once (attached: from then on
+        leaving early cancels the loop). A batch the store cannot commit is not handed over (`store_failed`)."""
         finished = False
         try:
-            async for batch in self.channel.batches(self.commit, self.ctx.limits.sse_ping_s):
-                # Set before handing the terminal batch over: a reader may stop right after it.
-                finished = bool(batch) and batch[-1][0] in TERMINAL
-                yield batch
+            yield []
+            try:
+                async for batch in self.channel.batches(self.commit, self.ctx.limits.sse_ping_s):
+                    # Set before handing the terminal batch over: a reader may stop right after it.
+                    finished = bool(batch) and batch[-1][0] in TERMINAL
+                    yield batch
+            except StoreError as e:
+                finished = True
+                await self._abort("store_unavailable")
+                yield store_failed(self.id, e)
         finally:
             self.touch()
-            if not finished:
+            if not finished and self.state != "closed":
+                self.ctx.metrics.disconnects.inc()
                 await self._abort()
 
     async def _cancel_loop(self) -> None:
@@ -359,24 +366,30 @@ class AgentSession:
                 await task
         self.pending = None
 
-    async def _abort(self) -> None:
+    async def _abort(self, reason: str = "client_disconnected") -> None:
         if self.state == "closed":
             return
         running = self.busy
         await self._cancel_loop()
         self.channel.reset()
         if running:
-            self.interrupt("client_disconnected")
+            self.interrupt(reason)
         self.state = "idle"
-        self.ctx.metrics.disconnects.inc()
         with contextlib.suppress(Exception):
             await self.commit()
 
     def _message_tokens(self, content: str) -> list[int]:
-        first = self.last_end_reason is None and not self.es.history
-        text = self.ctx.prompts.message(content, first=first, system=self.system, tools=self.tool_specs(),
-                                        after_eos=self.last_end_reason == "stop")
-        return self.ctx.engine.encode(text)
+        first, after_eos = self.last_end_reason is None and not self.es.history, self.last_end_reason == "stop"
+        return self.ctx.engine.encode(self.ctx.prompts.message(content, first=first, system=self.system,
+                                                               tools=self.tool_specs(), after_eos=after_eos))
+
+
+def store_failed(sid: str, e: StoreError) -> list[Event]:
+    """The batch a reader gets instead of one the store could not commit (a client must never see what a
+    crash could take back): the turn was interrupted, the session is kept."""
+    log.error("session %s: the store failed to commit (%s); the turn is interrupted", sid, e)
+    return [("error", {"type": "store_unavailable", "message": f"the session store failed ({e}); the turn was "
+                       "interrupted and the session kept: resend the message shortly"})]
 
 
 __all__ = ["AgentContext", "AgentError", "AgentSession", "Event", "Pending"]

@@ -49,10 +49,12 @@ class Operation:
     ok: Mapping[int, type[BaseModel] | str | None] = field(default_factory=dict)  # a model, a media type, or no body
     errors: tuple[int, ...] = ()
     session: bool = False  # needs X-Session-Token
-    events: Mapping[str, type[BaseModel]] | None = None  # SSE events of a streamed 200
+    # SSE messages of a streamed 200: name -> the model of its data, or a constant data string
+    events: Mapping[str, type[BaseModel] | str] | None = None
     description: str = ""
     # OpenAPI links from the success response: name -> (method, path, {parameter: runtime expression})
     links: Mapping[str, tuple[str, str, Mapping[str, str]]] = field(default_factory=dict)
+    named_events: bool = True  # each SSE message has an `event:` line (False: `data:` only, as OpenAI's streams)
 
 
 class Api:
@@ -63,12 +65,14 @@ class Api:
 
     def route(self, method: str, path: str, summary: str, *, body: type[BaseModel] | None = None,
               ok: Mapping[int, type[BaseModel] | str | None], errors: Iterable[int] = (), session: bool = False,
-              events: Mapping[str, type[BaseModel]] | None = None, description: str = "",
-              links: Mapping[str, tuple[str, str, Mapping[str, str]]] | None = None) -> Callable[[Handler], Handler]:
+              events: Mapping[str, type[BaseModel] | str] | None = None, description: str = "",
+              links: Mapping[str, tuple[str, str, Mapping[str, str]]] | None = None,
+              named_events: bool = True) -> Callable[[Handler], Handler]:
         def register(handler: Handler) -> Handler:
             self.routes.route(method, path)(handler)
             self.operations.append(Operation(method, path, summary, self.tag, body, dict(ok), tuple(sorted(set(errors))),
-                                             session, events, description or (handler.__doc__ or "").strip(), dict(links or {})))
+                                             session, events, description or (handler.__doc__ or "").strip(), dict(links or {}),
+                                             named_events))
             return handler
 
         return register
@@ -87,13 +91,25 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
     return {"$ref": REF.format(model=model.__name__)}
 
 
-def _events_schema(events: Mapping[str, type[BaseModel]]) -> dict[str, Any]:
+def _events_schema(events: Mapping[str, type[BaseModel] | str], named: bool = True) -> dict[str, Any]:
+    def data(model: type[BaseModel] | str) -> dict[str, Any]:
+        return {"const": model} if isinstance(model, str) else _ref(model)
+
+    if not named:
+        return {
+            "description": "Server-Sent Events without event names: each message is a single `data: <JSON>` line (no "
+                           "`event:` line), and the stream always ends with the message `data: [DONE]`. Comment lines "
+                           "(`: ping`) keep a quiet stream open. Each item below is one message as {data}, titled by "
+                           "what it is.",
+            "oneOf": [{"type": "object", "title": name, "required": ["data"], "properties": {"data": data(model)}}
+                      for name, model in events.items()],
+        }
     return {
         "description": "Server-Sent Events: each message is `event: <name>` and `data: <JSON>`; the stream ends after "
                        "`done` or `error`. Comment lines (`: ping`) keep a quiet stream open. Each item below is one "
                        "message as {event, data}.",
         "oneOf": [{"type": "object", "title": name, "required": ["event", "data"],
-                   "properties": {"event": {"const": name}, "data": _ref(model)}} for name, model in events.items()],
+                   "properties": {"event": {"const": name}, "data": data(model)}} for name, model in events.items()],
     }
 
 
@@ -123,7 +139,7 @@ def _operation(op: Operation, api_key: bool) -> dict[str, Any]:
             resp["content"] = {model: {"schema": {"type": "string"} if model.startswith("text/") else
                                        {"type": "string", "contentMediaType": model}}}
         if op.events and status == 200:
-            resp["content"]["text/event-stream"] = {"schema": _events_schema(op.events)}
+            resp["content"]["text/event-stream"] = {"schema": _events_schema(op.events, op.named_events)}
         if op.links and status < 300:
             resp["links"] = {name: {"operationId": operation_id(method, path), "parameters": dict(params)}
                              for name, (method, path, params) in op.links.items()}

@@ -12,6 +12,7 @@ Without a folder they live in memory and end with the process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import shutil
@@ -46,6 +47,9 @@ class Stored:
 
 
 class ArtifactStore:
+    """The index lives on the event loop; every file write, read, scan and removal runs in a thread
+    (`asyncio.to_thread`), so a slow disk never stalls the server."""
+
     def __init__(self, max_bytes: int, folder: Path | None = None, prefix: str = "/v1/artifacts/") -> None:
         self.max_bytes, self.folder, self.prefix = max_bytes, folder, prefix
         self._items: OrderedDict[str, Stored] = OrderedDict()
@@ -53,7 +57,7 @@ class ArtifactStore:
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
 
-    def put(self, artifact: Artifact, session_id: str | None = None) -> str:
+    async def put(self, artifact: Artifact, session_id: str | None = None) -> str:
         """Store and return the artifact's URL path."""
         size = len(artifact.data)
         if size > self.max_bytes:
@@ -61,45 +65,62 @@ class ArtifactStore:
         aid = secrets.token_urlsafe(16) + "." + EXT.get(artifact.mime, "bin")
         if self.folder is not None:
             path = self.folder / (session_id or NO_SESSION) / aid
-            path.parent.mkdir(exist_ok=True)
-            path.write_bytes(artifact.data)
+            await asyncio.to_thread(_write, path, artifact.data)
             item = Stored(artifact.mime, size, session_id, time.time(), path=path)
         else:
             item = Stored(artifact.mime, size, session_id, time.time(), data=artifact.data)
-        self._add(aid, item)
+        await self._unlink(self._add(aid, item))
         return self.prefix + aid
 
     def get(self, aid: str) -> Stored | None:
         return self._items.get(aid)
 
-    def load(self, live_sessions: Iterable[str]) -> int:
+    async def read(self, item: Stored) -> bytes:
+        return item.data if item.data is not None else await asyncio.to_thread(item.read)
+
+    async def load(self, live_sessions: Iterable[str]) -> int:
         """After a restart: index the files of live sessions (oldest first, within the bound) and remove
         the others. Returns how many were kept."""
         if self.folder is None:
             return 0
-        live = set(live_sessions)
-        found: list[tuple[float, str, Path]] = []
-        for sub in self.folder.iterdir():
-            if not sub.is_dir() or sub.name not in live:
-                shutil.rmtree(sub, ignore_errors=True) if sub.is_dir() else sub.unlink(missing_ok=True)
-                continue
-            for f in sub.iterdir():
-                found.append((f.stat().st_mtime, sub.name, f))
-        for mtime, sid, f in sorted(found):
-            self._add(f.name, Stored(MIME.get(f.suffix.lstrip("."), "application/octet-stream"), f.stat().st_size, sid, mtime, path=f))
+        found = await asyncio.to_thread(_scan, self.folder, set(live_sessions))
+        evicted: list[Path] = []
+        for mtime, size, sid, f in sorted(found):
+            evicted += self._add(f.name, Stored(MIME.get(f.suffix.lstrip("."), "application/octet-stream"), size, sid, mtime, path=f))
+        await self._unlink(evicted)
         return len(self._items)
 
-    def _add(self, aid: str, item: Stored) -> None:
+    async def drop_session(self, session_id: str) -> int:
+        """Remove the artifacts of a session that ended for good (DELETE, expiry): each artifact belongs
+        to the one session whose tool made it. Returns how many were indexed."""
+        gone = [aid for aid, item in self._items.items() if item.session_id == session_id]
+        paths = [p for p in (self._remove(aid) for aid in gone) if p is not None]
+        if self.folder is not None:
+            await asyncio.to_thread(shutil.rmtree, self.folder / session_id, True)
+        else:
+            await self._unlink(paths)
+        return len(gone)
+
+    def _add(self, aid: str, item: Stored) -> list[Path]:
+        """Index an item; the files of the items evicted to stay within the bound (to unlink)."""
         self._items[aid] = item
         self._bytes += item.size
+        evicted: list[Path] = []
         while self._bytes > self.max_bytes:
-            self._remove(next(iter(self._items)))
+            path = self._remove(next(iter(self._items)))
+            if path is not None:
+                evicted.append(path)
+        return evicted
 
-    def _remove(self, aid: str) -> None:
+    def _remove(self, aid: str) -> Path | None:
         item = self._items.pop(aid)
         self._bytes -= item.size
-        if item.path is not None:
-            item.path.unlink(missing_ok=True)
+        return item.path
+
+    @staticmethod
+    async def _unlink(paths: list[Path]) -> None:
+        if paths:
+            await asyncio.to_thread(_unlink_all, paths)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -107,3 +128,26 @@ class ArtifactStore:
     @property
     def bytes(self) -> int:
         return self._bytes
+
+
+def _write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(exist_ok=True)
+    path.write_bytes(data)
+
+
+def _unlink_all(paths: list[Path]) -> None:
+    for p in paths:
+        p.unlink(missing_ok=True)
+
+
+def _scan(folder: Path, live: set[str]) -> list[tuple[float, int, str, Path]]:
+    """The files of live sessions' folders (mtime, size, session, path); every other entry removed."""
+    found: list[tuple[float, int, str, Path]] = []
+    for sub in folder.iterdir():
+        if not sub.is_dir() or sub.name not in live:
+            shutil.rmtree(sub, ignore_errors=True) if sub.is_dir() else sub.unlink(missing_ok=True)
+            continue
+        for f in sub.iterdir():
+            st = f.stat()
+            found.append((st.st_mtime, st.st_size, sub.name, f))
+    return found

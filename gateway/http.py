@@ -38,7 +38,7 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 def error_status(error_event: Mapping[str, Any]) -> int:
     """The HTTP status of a non-streamed response whose events ended in an `error` event."""
     return {"context_too_long": 413, "session_closed": 410, "engine_died": 503,
-            "shutting_down": 503}.get(str(error_event.get("type")), 500)
+            "shutting_down": 503, "store_unavailable": 503}.get(str(error_event.get("type")), 500)
 
 
 class SSE:
@@ -77,13 +77,14 @@ class SSE:
         return self.response
 
 
-async def stream_batches(request: web.Request, first: list[tuple[str, dict[str, Any]]],
-                         rest: AsyncIterator[list[tuple[str, dict[str, Any]]]]) -> web.StreamResponse:
-    """An SSE response of a session's event batches: one write per batch, a ping for an empty one."""
+async def stream_batches(request: web.Request, batches: AsyncIterator[list[tuple[str, dict[str, Any]]]]) -> web.StreamResponse:
+    """An SSE response of a session's event batches: one write per batch, a ping for an empty one. The
+    headers go out at once, before the first event: a turn queued behind load still has an open, answered
+    stream (and pings while it waits), which proxies keep."""
     sse = SSE(request)
     await sse.open()
-    await sse.send_many(list(first))
-    async for batch in rest:
+    await sse.ping()  # bytes at once, not only headers: some proxies wait for the body
+    async for batch in batches:
         if batch:
             await sse.send_many(list(batch))
         else:

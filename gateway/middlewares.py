@@ -11,6 +11,7 @@ from aiohttp import web
 
 from gateway.agent import AgentError
 from gateway.http import ApiError, error_response
+from gateway.store import StoreError
 
 log = logging.getLogger("infercept.gateway")
 
@@ -26,6 +27,9 @@ async def errors_middleware(request: web.Request, handler: Any) -> web.StreamRes
             raise
         kind = {404: "not_found", 405: "method_not_allowed", 413: "too_large"}.get(e.status, "http_error")
         return error_response(e.status, kind, e.reason or str(e))
+    except StoreError as e:  # the session store failed (a full disk, a locked file): the client may retry
+        log.error("session store error on %s %s: %s", request.method, request.path, e)
+        return error_response(503, "store_unavailable", f"the session store failed ({e}); retry shortly", retry_after=2)
     except (ConnectionResetError, asyncio.CancelledError):
         raise
     except Exception as e:

@@ -60,7 +60,7 @@ class MessageRun:
         # A new message resumes the turn-end (chat) intercept; a restored session reports its recompute.
         chat_resume = s.last_end_reason is not None or s.announce_restore
         if answered is not None:  # a restored session's pending call, answered
-            tokens, resume_of = self._finish_call(*answered), answered[0]
+            tokens, resume_of = await self._finish_call(*answered), answered[0]
         while True:
             s.state = "generating"
             end: TurnEnd | None = None
@@ -106,7 +106,7 @@ class MessageRun:
                 result = ToolResult(f"Tool call limit of {limits.max_tool_calls} reached; give the answer now.", error=True)
             else:
                 result = await self._run_call(call)
-            tokens, resume_of = self._finish_call(call, result), call
+            tokens, resume_of = await self._finish_call(call, result), call
         self._done(end)
 
     def _done(self, end: TurnEnd) -> None:
@@ -148,13 +148,13 @@ class MessageRun:
         s.ctx.metrics.intercept(call.aug_type or "unknown", call.policy or "unknown")
         return call
 
-    def _finish_call(self, call: CallRecord, result: ToolResult) -> list[int]:
+    async def _finish_call(self, call: CallRecord, result: ToolResult) -> list[int]:
         """Record and report a call's result; the observation tokens that go back to the model."""
         s = self.s
         content = truncate(result.content.strip(), s.ctx.result_limit)
         call.result, call.error = content, result.error
         call.duration_s = time.time() - call.started_s
-        call.artifacts = [s.ctx.artifacts.put(a, s.id) for a in result.artifacts]
+        call.artifacts = [await s.ctx.artifacts.put(a, s.id) for a in result.artifacts]
         s.ctx.metrics.tool_done(call.tool, call.aug_type or "unknown", call.duration_s, "error" if result.error else "ok")
         s.note({"role": "tool", "call_id": call.call_id, "tool": call.tool, "content": content})
         s.record(call)

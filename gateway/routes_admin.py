@@ -45,7 +45,7 @@ async def get_artifact(request: web.Request) -> web.Response:
     if item is None:
         raise ApiError(404, "not_found", "no such artifact (it may have expired)")
     try:
-        data = item.read()
+        data = await gw_of(request).artifacts.read(item)
     except FileNotFoundError:
         raise ApiError(404, "not_found", "no such artifact (it may have expired)") from None
     return web.Response(body=data, content_type=item.mime, headers={"Cache-Control": "private, max-age=3600"})

@@ -28,6 +28,7 @@ from gateway.calls import intercept_json
 from gateway.channel import Event
 from gateway.http import SSE, ApiError, error_response, error_status, read_json
 from gateway.prompts import PromptBuilder, ToolSpec
+from gateway.schemas import ErrorBody
 from gateway.schemas_openai import (
     AssistantMessage,
     ChatCompletion,
@@ -125,9 +126,13 @@ def client_arguments(spec: Mapping[str, Any], text: str) -> str:
 
 
 @api.route("POST", "/v1/chat/completions", "OpenAI chat completion, streamed or not", body=ChatCompletionRequest,
-           ok={200: ChatCompletion}, errors=(400, 404, 413, 500, 503), events={"chunk": ChatCompletionChunk},
+           ok={200: ChatCompletion}, errors=(400, 404, 413, 500, 503), named_events=False,
+           events={"chunk": ChatCompletionChunk, "error": ErrorBody, "done": "[DONE]"},
            description="Server augmentations named as function tools run inside the request with intercepts; any other "
-                       "function the model calls comes back as tool_calls. Streamed: `data: <chunk>` messages, then "
+                       "function the model calls comes back as tool_calls. Streamed (`stream: true`): `data: <chunk>` "
+                       "messages without `event:` lines (a chat.completion.chunk; an extension chunk has empty `choices` "
+                       "and an `infercept` object naming a tool_call, intercept or resume), then `data: [DONE]`. A turn "
+                       "that fails after the stream began sends `data: {\"error\": {\"type\", \"message\"}}`, then "
                        "`data: [DONE]`.")
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)

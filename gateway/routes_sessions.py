@@ -67,21 +67,20 @@ def message_content(gw: Gateway, content: str) -> str:
 
 async def respond(request: web.Request, gw: Gateway, start: Callable[[], AsyncIterator[list[Event]]], stream: bool,
                   route: str) -> web.StreamResponse:
-    # The first batch (or an AgentError) comes before any header is sent, so a refusal is a clean 4xx.
+    # A refusal (AgentError) comes from `start()` itself, before any header is sent: a clean 4xx. After
+    # it, a streamed response sends its headers at once (`stream_batches`).
     try:
         events = start()
-        first: list[Event] = []
-        while not first:  # skip keep-alive pings before the first event
-            first = await events.__anext__()
     except AgentError:
         gw.metrics.messages.labels(route, "refused").inc()
         raise
     async with contextlib.aclosing(events):
+        await events.__anext__()  # attached (an empty batch at once): a failure from here on aborts the turn
         if stream:
-            resp = await stream_batches(request, first, events)
+            resp = await stream_batches(request, events)
             gw.metrics.messages.labels(route, "ok").inc()
             return resp
-        collected = first + [ev async for batch in events for ev in batch]
+        collected = [ev async for batch in events for ev in batch]
     name, last = collected[-1]
     out = [{"event": n, **d} for n, d in collected if n != "token"]
     if name == "error":

@@ -9,10 +9,12 @@ their request and are never stored.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import secrets
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine_adapter.hints import ToolHint
@@ -21,16 +23,20 @@ from gateway.agent import AgentContext, AgentSession, Pending
 from gateway.calls import CallRecord
 from gateway.durable import Folded, fold, token_matches
 from gateway.http import ApiError
-from gateway.store import SessionStore
+from gateway.store import SessionStore, StoreError
 
 log = logging.getLogger("infercept.gateway")
+RETRY_STORE_S = 2  # a failing store (a full disk, a locked file) may recover within seconds
 EPHEMERAL_PREFIX = "chatcmpl-"  # sessions of one OpenAI completion: not stored, not counted against max_sessions
 
 
 class SessionTable:
-    def __init__(self, store: SessionStore) -> None:
+    def __init__(self, store: SessionStore, on_removed: Callable[[str], Awaitable[object]] | None = None) -> None:
         self.store = store
         self.live: dict[str, AgentSession] = {}
+        self.on_removed = on_removed  # called with the id of each session removed for good (its artifacts go)
+        self.skipped = 0  # stored sessions the last restore_all could not read back
+        self._background: set[asyncio.Future[None]] = set()
 
     def __len__(self) -> int:
         return len(self.live)
@@ -56,14 +62,35 @@ class SessionTable:
                          store=None if ephemeral else self.store)
         self.live[sid] = s
         if not ephemeral:
+            # In the store before the client learns the id: a crash after this answer loses nothing.
+            put = asyncio.ensure_future(self.store.put(sid, s.token_hash, s.head()))
             try:
-                # In the store before the client learns the id: a crash after this answer loses nothing.
-                await self.store.put(sid, s.token_hash, s.head())
-            except BaseException:
+                await asyncio.shield(put)  # a cancelled request cannot cut the write in half ...
+            except BaseException as e:
                 self.live.pop(sid, None)
-                await s.close()
+                # ... and what it wrote is removed again: nobody got the id, so the row would be an orphan
+                # that every restart reads back. Cancelled: the removal runs on without the request.
+                undo = asyncio.ensure_future(self._undo_open(s, put))
+                self._background.add(undo)
+                undo.add_done_callback(self._background.discard)
+                if not isinstance(e, asyncio.CancelledError):
+                    await undo
+                if isinstance(e, StoreError):
+                    raise store_unavailable(e) from e
                 raise
         return s
+
+    async def _undo_open(self, s: AgentSession, put: asyncio.Future[None]) -> None:
+        with contextlib.suppress(BaseException):
+            await put  # the delete must follow the put
+        try:
+            await s.close()
+        except Exception:
+            log.exception("closing session %s after its creation failed", s.id)
+        try:
+            await self.store.delete(s.id)
+        except Exception:
+            log.exception("removing the stored row of session %s after its creation failed", s.id)
 
     def get(self, sid: str, token: str) -> AgentSession:
         """The session, if `token` is its token (hashes compared in constant time)."""
@@ -75,18 +102,39 @@ class SessionTable:
         return s
 
     async def close(self, sid: str) -> None:
-        """End a session and remove it from the store."""
+        """End a session and remove it from the store (and its artifacts). The removal happens whatever
+        ending the live session did: if that raised, or the request was cancelled, a session left in the
+        store would come back at the next restart."""
         s = self.live.pop(sid, None)
-        if s is not None:
-            await s.close()
-        if not sid.startswith(EPHEMERAL_PREFIX):
+        try:
+            if s is not None:
+                await s.close()
+        except Exception:
+            log.exception("ending session %s failed; removing it all the same", sid)
+        finally:
+            if not sid.startswith(EPHEMERAL_PREFIX):
+                await asyncio.shield(self._remove(sid))
+
+    async def _remove(self, sid: str) -> None:
+        try:
             await self.store.delete(sid)
+        except StoreError as e:
+            raise store_unavailable(e) from e
+        finally:
+            if self.on_removed is not None:
+                try:
+                    await self.on_removed(sid)
+                except Exception:
+                    log.exception("removing what session %s left behind (its artifacts) failed", sid)
 
     async def expire_idle(self, idle_s: float) -> int:
         now, n = time.monotonic(), 0
         for s in list(self.live.values()):
             if s.waiting_for_outside and now - s.last_active_s > idle_s:
-                await self.close(s.id)
+                try:
+                    await self.close(s.id)
+                except Exception:  # its row stays (the store failed): the next start or round tries again
+                    log.exception("expiring session %s failed", s.id)
                 n += 1
         return n
 
@@ -101,31 +149,52 @@ class SessionTable:
         self.live.clear()
 
     async def restore_all(self, ctx: AgentContext) -> int:
-        """Read every stored session back, each on a new engine session over its exact context tokens."""
-        restored = 0
+        """Read every stored session back, each on a new engine session over its exact context tokens. A
+        session that cannot be read back (a malformed row) is logged, left stored and skipped
+        (`self.skipped`): one bad row must not keep the server from serving the others."""
+        restored, self.skipped = 0, 0
         for sid in await self.store.list():
-            stored = await self.store.get(sid)
-            if stored is None or sid in self.live:
+            if sid in self.live:
                 continue
-            folded = fold(stored.head, stored.events)
-            model = folded.head.get("model")
-            if model != ctx.engine.model_path:
-                # Token ids mean nothing to another tokenizer: leave it stored for a server with its model.
-                log.warning("session %s was made with model %s, not %s: not restored", sid, model, ctx.engine.model_path)
-                continue
-            settings = folded.head["settings"]
-            hints: dict[str, ToolHint] = ctx.registry.hints([t for t in settings["tools"] if t in ctx.registry])
-            for name, spec in settings["client_tools"].items():
-                hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
-            es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=int(settings["max_tokens"]),
-                                         temperature=float(settings["temperature"]), seed=settings["seed"], history=folded.context)
-            s = restore(ctx, es, folded, stored.token_hash, self.store)
-            s.tools = [t for t in s.tools if t in ctx.registry]  # a tool since removed from the config is gone
-            self.live[sid] = s
-            with contextlib.suppress(Exception):
-                await s.commit()  # the interrupted marks, if any
-            restored += 1
+            try:
+                restored += await self._restore_one(ctx, sid)
+            except StoreError:
+                raise  # the store itself is failing: not one row's fault
+            except Exception:
+                self.skipped += 1
+                log.exception("session %s could not be read back from the store: skipped (left stored)", sid)
         return restored
+
+    async def _restore_one(self, ctx: AgentContext, sid: str) -> int:
+        stored = await self.store.get(sid)
+        if stored is None:
+            return 0
+        folded = fold(stored.head, stored.events)
+        model = folded.head.get("model")
+        if model != ctx.engine.model_path:
+            # Token ids mean nothing to another tokenizer: leave it stored for a server with its model.
+            log.warning("session %s was made with model %s, not %s: not restored", sid, model, ctx.engine.model_path)
+            return 0
+        settings = folded.head["settings"]
+        hints: dict[str, ToolHint] = ctx.registry.hints([t for t in settings["tools"] if t in ctx.registry])
+        for name, spec in settings["client_tools"].items():
+            hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
+        es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=int(settings["max_tokens"]),
+                                     temperature=float(settings["temperature"]), seed=settings["seed"], history=folded.context)
+        try:
+            s = restore(ctx, es, folded, stored.token_hash, self.store)
+        except BaseException:
+            await es.close()  # the engine session opened for it is not left behind
+            raise
+        s.tools = [t for t in s.tools if t in ctx.registry]  # a tool since removed from the config is gone
+        self.live[sid] = s
+        with contextlib.suppress(Exception):
+            await s.commit()  # the interrupted marks, if any
+        return 1
+
+
+def store_unavailable(e: StoreError) -> ApiError:
+    return ApiError(503, "store_unavailable", f"the session store failed ({e}); retry shortly", retry_after=RETRY_STORE_S)
 
 
 def restore(ctx: AgentContext, es: Session, folded: Folded, token_hash: str, store: SessionStore | None) -> AgentSession:

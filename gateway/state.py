@@ -62,7 +62,7 @@ class Gateway:
         self._lock = StateLock(self.state_dir) if self.state_dir is not None else None
         self.artifacts = ArtifactStore(config.server.artifact_store_mb * 2**20,
                                        self.state_dir / "artifacts" if self.state_dir is not None else None)
-        self.table = SessionTable(self.store)
+        self.table = SessionTable(self.store, on_removed=self.artifacts.drop_session)
         self.ctx: AgentContext | None = None  # once the engine is ready
         self.ready = asyncio.Event()
         self.start_error: BaseException | None = None
@@ -99,14 +99,14 @@ class Gateway:
             await s.close()
             self.restored = await self.table.restore_all(self.ctx)
             if not self._artifacts_loaded:  # files of sessions that are gone are removed once, at start
-                self.artifacts.load(self.table.live)
+                await self.artifacts.load(self.table.live)
                 self._artifacts_loaded = True
             self.down_reason = None
             self.ready.set()
             stats = await self.engine.stats()
-            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s sessions_restored=%d",
+            log.info("engine ready in %.1f s: model=%s policy=%s kv_blocks=%d block_size=%d tools=%s sessions_restored=%d sessions_skipped=%d",
                      time.perf_counter() - t0, self.engine.model_path, stats.policy, stats.blocks.total,
-                     stats.block_size, ",".join(self.registry.names()), self.restored)
+                     stats.block_size, ",".join(self.registry.names()), self.restored, self.table.skipped)
         except asyncio.CancelledError:
             raise
         except Exception as e:
@@ -115,10 +115,21 @@ class Gateway:
 
     async def watch_engine(self) -> None:
         """Restart the engine when its core process dies (vLLM's own monitor marks it dead)."""
+        reason: str | None = None  # a restart to (re)try
+        failures = 0
         while True:
-            await asyncio.sleep(WATCH_S)
-            if self.ready.is_set() and self.engine.dead:
-                await self.restart_engine(self.engine.dead_reason())
+            await asyncio.sleep(WATCH_S if not failures else min(30.0, WATCH_S * 2 ** failures))
+            try:
+                if reason is None and self.ready.is_set() and self.engine.dead:
+                    reason = self.engine.dead_reason()
+                if reason is not None:
+                    await self.restart_engine(reason)
+                    reason, failures = None, 0
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # one failed restart must not end the watch: it is tried again, backing off
+                failures += 1
+                log.exception("engine watchdog: restarting the engine failed (attempt %d); trying again", failures)
 
     async def restart_engine(self, reason: str) -> None:
         self.ready.clear()
@@ -127,7 +138,10 @@ class Gateway:
         log.error("%s; restarting it", self.down_reason)
         await self.table.detach_all("engine_died", f"{self.down_reason}; the server is restarting it and keeps "
                                     "the session: resend the message when /healthz says ok")
-        await self.engine.shutdown()
+        try:
+            await self.engine.shutdown()
+        except Exception:  # a dead engine may fail its own shutdown; the new one starts all the same
+            log.exception("shutting the dead engine down failed")
         if not self.config.server.restart_engine:
             self.start_error = RuntimeError(f"{self.down_reason}; server.restart_engine is off")
             return
@@ -158,8 +172,13 @@ class Gateway:
         idle = self.config.server.session_idle_s
         while True:
             await asyncio.sleep(min(30.0, max(0.05, idle / 4)))
-            if self.ready.is_set():
-                await self.expire_idle()
+            try:
+                if self.ready.is_set():
+                    await self.expire_idle()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a failed round (a store error, a tool's end_session) must not end expiry
+                log.exception("session expiry failed; trying again at the next round")
 
     async def expire_idle(self) -> int:
         n = await self.table.expire_idle(self.config.server.session_idle_s)

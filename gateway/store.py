@@ -98,6 +98,7 @@ class SqliteStore:
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._ready = threading.Event()
         self._open_error: BaseException | None = None
+        self._closed = False  # the writer thread has stopped taking jobs
         self.commits = 0  # transactions committed (for the commit-cost figures)
         self.writes = 0  # writes they carried
         self._thread = threading.Thread(target=self._run, name="session-store", daemon=True)
@@ -164,13 +165,25 @@ class SqliteStore:
 
     # ------------------------------------------------------------------ the writer thread
     async def _submit(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        if not self._thread.is_alive():
+        if self._closed or not self._thread.is_alive():
             raise StoreError("the session store is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Any] = loop.create_future()
         # Queued synchronously, so writes of one session commit in the order they were made.
         self._jobs.put(_Job(fn, loop, fut))
+        if self._closed:  # the writer finished between the check and the put: it may not see this job
+            self._drain_closed()
         return await fut
+
+    def _drain_closed(self) -> None:
+        """Fail every queued job: the writer thread takes no more."""
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                return
+            if job is not None:
+                _notify(job, None, StoreError("the session store is closed"))
 
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
@@ -193,22 +206,28 @@ class SqliteStore:
             return
         self._ready.set()
         stop = False
-        while not stop:
-            first = self._jobs.get()
-            if first is None:
-                break
-            batch = [first]
-            while len(batch) < MAX_BATCH:
-                try:
-                    job = self._jobs.get_nowait()
-                except queue.Empty:
+        try:
+            while not stop:
+                first = self._jobs.get()
+                if first is None:
                     break
-                if job is None:
-                    stop = True
-                    break
-                batch.append(job)
-            self._run_batch(db, batch)
-        db.close()
+                batch = [first]
+                while len(batch) < MAX_BATCH:
+                    try:
+                        job = self._jobs.get_nowait()
+                    except queue.Empty:
+                        break
+                    if job is None:
+                        stop = True
+                        break
+                    batch.append(job)
+                self._run_batch(db, batch)
+        finally:
+            self._closed = True
+            db.close()
+            # Writes queued behind the close (or while the thread died) fail their callers instead of
+            # leaving them awaiting forever; `_submit` drains again for one that raced this.
+            self._drain_closed()
 
     def _run_batch(self, db: sqlite3.Connection, batch: list[_Job]) -> None:
         results: list[tuple[_Job, Any, BaseException | None]] = []
@@ -233,7 +252,16 @@ class SqliteStore:
                 db.execute("ROLLBACK")
             results = [(job, None, e) for job in batch]
         for job, value, err in results:
-            job.loop.call_soon_threadsafe(_settle, job.future, value, err)
+            _notify(job, value, err)
+
+
+def _notify(job: _Job, value: Any, err: BaseException | None) -> None:
+    """Hand a result to the job's loop; a loop that is closed (its caller is gone) gets nothing, and
+    the writer thread lives on for the others."""
+    try:
+        job.loop.call_soon_threadsafe(_settle, job.future, value, err)
+    except RuntimeError:  # "Event loop is closed"
+        log.debug("session store: the loop of a finished write is closed")
 
 
 def _settle(fut: asyncio.Future[Any], value: Any, err: BaseException | None) -> None:

@@ -13,6 +13,9 @@ from typing import Any
 import aiohttp
 
 TIMEOUT = aiohttp.ClientTimeout(total=None, sock_connect=120, sock_read=900)
+# max_tokens of a session whose message must call a tool: the forced ReAct step (a thought line, then
+# `Action: Calculator[...]`) takes the tiny model far more than 16 tokens; with 16 no turn reached its call.
+TOOL_TURN_TOKENS = 48
 
 
 @dataclass
@@ -78,7 +81,7 @@ async def session_client(url: str, key: str, i: int, existing: tuple[str, str] |
         async with aiohttp.ClientSession(timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"}) as http:
             if existing is not None:
                 out.sid, out.token = existing
-            elif not await _open(http, url, out, {"tools": ["calculator"], "max_tokens": 16}):
+            elif not await _open(http, url, out, {"tools": ["calculator"], "max_tokens": TOOL_TURN_TOKENS}):
                 return out
             body = {"content": f"What is {i} plus 2?", "tool_choice": tool_choice, "stream": True}
             async with http.post(f"{url}/v1/sessions/{out.sid}/messages", json=body, headers={"X-Session-Token": out.token}) as r:
@@ -104,15 +107,20 @@ async def session_client(url: str, key: str, i: int, existing: tuple[str, str] |
     return out
 
 
-async def disconnecting_client(url: str, key: str, i: int, tokens: int = 3) -> Outcome:
-    """Start a long turn, read a few tokens, drop the connection."""
+async def disconnecting_client(url: str, key: str, i: int, tokens: int = 3, max_tokens: int = 512) -> Outcome:
+    """Start a long turn (`max_tokens` within the model's context), read a few tokens, drop the connection."""
     out = Outcome("unfinished")
     try:
         async with aiohttp.ClientSession(timeout=TIMEOUT, headers={"Authorization": f"Bearer {key}"}) as http:
-            if not await _open(http, url, out, {"tools": [], "max_tokens": 2000}):
+            if not await _open(http, url, out, {"tools": [], "max_tokens": max_tokens}):
                 return out
             r = await http.post(f"{url}/v1/sessions/{out.sid}/messages", json={"content": f"Tell me a long story, {i}"},
                                 headers={"X-Session-Token": out.token})
+            out.status = r.status
+            if r.status != 200:
+                out.kind = f"http:{r.status}"
+                r.close()
+                return out
             seen = 0
             async for name, _ in sse(r):
                 if name == "token":
@@ -129,17 +137,21 @@ async def disconnecting_client(url: str, key: str, i: int, tokens: int = 3) -> O
 class MidTurnClient:
     """A client whose turn is still streaming when the server is killed."""
 
-    def __init__(self, url: str, key: str, i: int) -> None:
-        self.url, self.key, self.i = url, key, i
+    def __init__(self, url: str, key: str, i: int, max_tokens: int = 512) -> None:
+        self.url, self.key, self.i, self.max_tokens = url, key, i, max_tokens
         self.out = Outcome("unfinished")
 
     async def run(self) -> Outcome:
         try:
             async with aiohttp.ClientSession(timeout=TIMEOUT, headers={"Authorization": f"Bearer {self.key}"}) as http:
-                if not await _open(http, self.url, self.out, {"tools": [], "max_tokens": 2000}):
+                if not await _open(http, self.url, self.out, {"tools": [], "max_tokens": self.max_tokens}):
                     return self.out
                 async with http.post(f"{self.url}/v1/sessions/{self.out.sid}/messages", json={"content": f"Tell me a long story, {self.i}"},
                                      headers={"X-Session-Token": self.out.token}) as r:
+                    self.out.status = r.status
+                    if r.status != 200:
+                        self.out.kind = f"http:{r.status}"
+                        return self.out
                     async for name, data in sse(r):
                         if name == "token":
                             self.out.seen_text += data["text"]

@@ -31,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from infercept import load_verdict
 from infercept.load_clients import (
     MidTurnClient,
     Outcome,
@@ -43,6 +44,17 @@ from infercept.load_clients import (
 from infercept.server_proc import REPO, ServerProcess, alive, write_config
 
 API_KEY = "loadtest-key"
+MAX_MODEL_LEN = 1024
+SCHEMATHESIS_TIMEOUT_S = 3600  # a hung schemathesis must not hang the load test
+
+
+DISCONNECT_TURN_TOKENS = 128  # long enough to be streaming when the client drops after 3 tokens
+
+
+def long_turn_tokens(max_model_len: int) -> int:
+    """max_tokens of a session whose turn must still stream when the server is killed: long, but within the
+    model's context, or the session is refused with a 400 and the phase measures nothing."""
+    return max_model_len // 2
 
 
 def _commit() -> str:
@@ -74,20 +86,20 @@ async def settle(url: str, headers: dict[str, str]) -> dict[str, Any]:
     return stats
 
 
-async def delete_all(url: str, refs: list[tuple[str, str]]) -> int:
+async def delete_all(url: str, refs: list[tuple[str, str]], key: str = API_KEY) -> int:
     import aiohttp
 
     deleted = 0
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {API_KEY}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
         for sid, token in refs:
             async with http.delete(f"{url}/v1/sessions/{sid}", headers={"X-Session-Token": token}) as r:
                 deleted += r.status == 204
     return deleted
 
 
-async def blocks_after_delete(url: str, refs: list[tuple[str, str]]) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {API_KEY}"}
-    deleted = await delete_all(url, refs)
+async def blocks_after_delete(url: str, refs: list[tuple[str, str]], key: str = API_KEY) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"}
+    deleted = await delete_all(url, refs, key)
     stats = await settle(url, headers)
     for _ in range(100):  # a freed request's blocks return within an engine step or two
         if stats["blocks"]["free"] == stats["blocks"]["total"]:
@@ -99,27 +111,29 @@ async def blocks_after_delete(url: str, refs: list[tuple[str, str]]) -> dict[str
             "store": stats["store"]}
 
 
-async def phase_sessions(server: ServerProcess, n: int) -> dict[str, Any]:
+async def phase_sessions(server: ServerProcess, n: int, key: str = API_KEY) -> dict[str, Any]:
     t0 = time.perf_counter()
-    outcomes = await asyncio.gather(*(session_client(server.url, API_KEY, i) for i in range(n)))
+    outcomes = await asyncio.gather(*(session_client(server.url, key, i) for i in range(n)))
     wall = time.perf_counter() - t0
     out = summarize(list(outcomes))
     out["wall_s"] = round(wall, 1)
     out["tool_calls"] = sum(1 for o in outcomes if o.tool_called)
-    out["after"] = await blocks_after_delete(server.url, [(o.sid, o.token) for o in outcomes if o.sid])
+    out["after"] = await blocks_after_delete(server.url, [(o.sid, o.token) for o in outcomes if o.sid], key)
     return out
 
 
-async def phase_disconnects(server: ServerProcess, n: int) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {API_KEY}"}
+async def phase_disconnects(server: ServerProcess, n: int, key: str = API_KEY, turn_tokens: int = DISCONNECT_TURN_TOKENS) -> dict[str, Any]:
+    """`turn_tokens`: the sessions' max_tokens, for the dropped turn and for the message that shows the
+    session still usable (kept moderate: that message runs to its end)."""
+    headers = {"Authorization": f"Bearer {key}"}
     before = await raw_get(server.url, "/metrics", headers, text=True)
-    outcomes = await asyncio.gather(*(disconnecting_client(server.url, API_KEY, i) for i in range(n)))
+    outcomes = await asyncio.gather(*(disconnecting_client(server.url, key, i, max_tokens=turn_tokens) for i in range(n)))
     stats = await settle(server.url, headers)
     after = await raw_get(server.url, "/metrics", headers, text=True)
     dropped = sum(1 for o in outcomes if o.kind == "dropped")
     refs = [(o.sid, o.token) for o in outcomes if o.sid]
     # Still usable: every session answers a new message.
-    usable = await asyncio.gather(*(session_client(server.url, API_KEY, i, existing=(sid, tok), tool_choice="none")
+    usable = await asyncio.gather(*(session_client(server.url, key, i, existing=(sid, tok), tool_choice="none")
                                     for i, (sid, tok) in enumerate(refs)))
     return {
         "clients": n, "dropped_mid_stream": dropped, "outcomes": dict(Counter(o.kind for o in outcomes)),
@@ -127,7 +141,7 @@ async def phase_disconnects(server: ServerProcess, n: int) -> dict[str, Any]:
         "after_drop": {"running": stats["running"], "waiting": stats["waiting"], "turns_in_progress": stats["turns_in_progress"],
                        "blocks": stats["blocks"], "leaked_blocks": stats["blocks"]["total"] - stats["blocks"]["free"]},
         "still_usable": summarize(list(usable)),
-        "after": await blocks_after_delete(server.url, refs),
+        "after": await blocks_after_delete(server.url, refs, key),
     }
 
 
@@ -139,7 +153,7 @@ async def phase_kill(server: ServerProcess, n: int, log_dir: Path) -> dict[str, 
     half = n // 2
     finished = await asyncio.gather(*(session_client(server.url, API_KEY, i, tool_choice={"name": "Calculator"}, snapshot=True)
                                       for i in range(half)))
-    mids = [MidTurnClient(server.url, API_KEY, i) for i in range(n - half)]
+    mids = [MidTurnClient(server.url, API_KEY, i, max_tokens=long_turn_tokens(MAX_MODEL_LEN)) for i in range(n - half)]
     running = [asyncio.create_task(m.run()) for m in mids]
     while not all(m.settled for m in mids):  # every one mid-turn (or already ended)
         await asyncio.sleep(0.2)
@@ -160,7 +174,7 @@ async def phase_kill(server: ServerProcess, n: int, log_dir: Path) -> dict[str, 
         restarted.stop()
 
 
-def phase_schemathesis(url: str, n: int, out_dir: Path) -> dict[str, Any]:
+def phase_schemathesis(url: str, n: int, out_dir: Path, timeout_s: float = SCHEMATHESIS_TIMEOUT_S) -> dict[str, Any]:
     exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     har = out_dir / "schemathesis.har"
     per_op = max(50, n // 10)  # 13 operations: at least n generated requests in all
@@ -169,14 +183,36 @@ def phase_schemathesis(url: str, n: int, out_dir: Path) -> dict[str, Any]:
            "--request-timeout", "120", "--workers", "2", "--report", "har", "--report-har-path", str(har),
            "--suppress-health-check", "all"]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out_dir)
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=out_dir, timeout=timeout_s, check=False)
+        code, stdout, timed_out = proc.returncode, proc.stdout, False
+    except subprocess.TimeoutExpired as e:  # run() kills it; what it wrote so far is still reported
+        code, timed_out = None, True
+        stdout = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
     entries = json.loads(har.read_text())["log"]["entries"] if har.exists() else []
     statuses = Counter(e["response"]["status"] for e in entries)
     by_op = Counter(f"{e['request']['method']} {e['request']['url'].split('?')[0].replace(url, '')}" for e in entries)
-    tail = proc.stdout[-2500:]
-    return {"command": " ".join(cmd).replace(API_KEY, "<key>"), "exit_code": proc.returncode, "wall_s": round(time.perf_counter() - t0, 1),
+    tail = stdout[-2500:]
+    return {"command": " ".join(cmd).replace(API_KEY, "<key>"), "exit_code": code, "timed_out": timed_out, "timeout_s": timeout_s,
+            "wall_s": round(time.perf_counter() - t0, 1), "required_requests": n,
             "requests": len(entries), "by_status": {str(k): v for k, v in sorted(statuses.items())},
             "http_5xx": sum(v for k, v in statuses.items() if k >= 500), "operations_hit": len(by_op), "summary": tail}
+
+
+async def run_phase(phase: str, server: ServerProcess, args: argparse.Namespace, work: Path) -> tuple[dict[str, Any], ServerProcess]:
+    """One phase's figures, and the server the next phase uses (a fresh one after the kill phase)."""
+    if phase == "sessions":
+        return await phase_sessions(server, args.sessions), server
+    if phase == "disconnects":
+        return await phase_disconnects(server, args.disconnects), server
+    if phase == "kill":
+        out = await phase_kill(server, args.kill_sessions, work)
+        server = ServerProcess(server.config, args.port, work / "server2.log").start()  # the phases after run on a fresh one
+        await server.wait_ready()
+        return out, server
+    if phase == "schemathesis":
+        return await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work), server
+    raise ValueError(f"unknown phase {phase!r}")
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -184,7 +220,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="infercept-load-"))
     n_max = max(args.sessions, args.disconnects, args.kill_sessions) + 64
     cfg = write_config(work / "serve.yaml", port=args.port, state_path=str(work / "state" / "sessions.db"),
-                       engine={"max_num_seqs": 64, "max_model_len": 1024, "num_kv_blocks": None, "kv_cache_gib": 2, "block_size": None},
+                       engine={"max_num_seqs": 64, "max_model_len": MAX_MODEL_LEN, "num_kv_blocks": None, "kv_cache_gib": 2,
+                               "block_size": None},
                        server={"api_key": API_KEY, "max_sessions": n_max, "max_queued_turns": n_max, "max_tokens": 16},
                        augmentations={"calculator": {}, "human": {}})
     result: dict[str, Any] = {
@@ -196,24 +233,22 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     server = ServerProcess(cfg, args.port, work / "server.log").start()
     try:
         await server.wait_ready()
-        for phase in phases:
+        for i, phase in enumerate(phases):
             print(f"[loadtest] {phase} ...", flush=True)
             t0 = time.perf_counter()
-            if phase == "sessions":
-                out = await phase_sessions(server, args.sessions)
-            elif phase == "disconnects":
-                out = await phase_disconnects(server, args.disconnects)
-            elif phase == "kill":
-                out = await phase_kill(server, args.kill_sessions, work)
-                server = ServerProcess(cfg, args.port, work / "server2.log").start()  # the phases after run on a fresh one
-                await server.wait_ready()
-            elif phase == "schemathesis":
-                out = await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work)
-            else:
-                raise ValueError(f"unknown phase {phase!r}")
+            try:
+                out, server = await run_phase(phase, server, args, work)
+            except Exception as e:  # noqa: BLE001 (a phase that crashed fails, and the others still run)
+                out = {"error": f"{type(e).__name__}: {e}"}
+                if server.proc is None or server.proc.poll() is not None:  # the server went down with it
+                    server.stop()
+                    server = ServerProcess(cfg, args.port, work / f"server-after-{i}-{phase}.log").start()
+                    await server.wait_ready()
             out["phase_s"] = round(time.perf_counter() - t0, 1)
+            out["verdict"] = load_verdict.judge(phase, out)
             result["phases"][phase] = out
             print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
+            print(load_verdict.line(phase, out["verdict"]), flush=True)
     finally:
         server.stop()
     result["server_log_tail"] = server.log_tail(1500)
@@ -226,5 +261,9 @@ def main(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {out}")
-    ok = all(p.get("http_5xx", 0) == 0 for p in result["phases"].values())
+    verdicts = {name: p["verdict"] for name, p in result["phases"].items()}
+    for name, v in verdicts.items():
+        print(load_verdict.line(name, v))
+    ok = bool(verdicts) and all(v["pass"] for v in verdicts.values())
+    print(f"[loadtest] {'PASS' if ok else 'FAIL'}: {sum(v['pass'] for v in verdicts.values())} of {len(verdicts)} phases passed")
     return 0 if ok else 1

@@ -94,3 +94,24 @@ async def test_openai_errors(served: Served, oai: AsyncOpenAI) -> None:
         r = await raw.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "seven " * 3000}]})
         assert r.status_code == 413 and r.json()["error"]["type"] == "context_too_long"
     assert await no_sessions_left(served)
+
+
+async def test_the_raw_stream_is_what_openapi_documents(served: Served) -> None:
+    """Data-only messages (no `event:` line): chunks, then `[DONE]`; comments (`: ping`) aside."""
+    from gateway.schemas_openai import ChatCompletionChunk
+
+    async with httpx.AsyncClient(base_url=served.url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=120) as raw:
+        doc = (await raw.get("/openapi.json")).json()
+        schema = doc["paths"]["/v1/chat/completions"]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+        assert [item["title"] for item in schema["oneOf"]] == ["chunk", "error", "done"]
+        body = {"messages": [{"role": "user", "content": "2+2?"}], "tools": [CALC], "tool_choice": "required",
+                "max_tokens": 48, "stream": True}
+        async with raw.stream("POST", "/v1/chat/completions", json=body) as r:
+            lines = [line async for line in r.aiter_lines()]
+    assert not any(line.startswith("event:") for line in lines)
+    data = [line[len("data: "):] for line in lines if line.startswith("data: ")]
+    assert data[-1] == "[DONE]" and data.count("[DONE]") == 1
+    for d in data[:-1]:
+        ChatCompletionChunk.model_validate_json(d)
+    assert {line for line in lines if line and not line.startswith("data: ")} <= {": ping"}
+    assert await no_sessions_left(served)

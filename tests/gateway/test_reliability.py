@@ -10,21 +10,32 @@ import dataclasses
 import os
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx
 import pytest
 from aiohttp import web
 from pydantic import TypeAdapter
 
-from augmentations.base import CallContext, ToolResult
+from augmentations.base import Artifact, CallContext, ToolResult
 from augmentations.workers import WorkerPool
 from gateway.client import ApiError, Event, SessionRef
+from gateway.config import load_gateway_config
 from gateway.durable import fold
-from gateway.schemas import EVENTS, Health, MessageResult, SessionCreated, SessionInfo, Stats, ToolList
+from gateway.schemas import (
+    EVENTS,
+    Health,
+    MessageResult,
+    SessionCreated,
+    SessionInfo,
+    Stats,
+    ToolList,
+)
 from gateway.schemas_openai import ChatCompletion, ModelList
 from tests.gateway.conftest import API_KEY, MAX_SESSIONS, Served
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
+PNG = b"\x89PNG\r\n\x1a\n not really an image"
 
 
 class Fault:
@@ -44,6 +55,8 @@ class Fault:
             raise RuntimeError("kaboom")
         if self.name == "Big":
             return ToolResult("x" * 5000)
+        if self.name == "Pic":
+            return ToolResult("made a picture", artifacts=(Artifact("image", "image/png", PNG),))
         if self.name == "Slow":
             await asyncio.sleep(1.6)  # three ping intervals
             return ToolResult("slow but fine")
@@ -59,7 +72,7 @@ class Fault:
 
 @pytest.fixture
 async def faults(served: Served) -> AsyncIterator[dict[str, Fault]]:
-    tools = {name: Fault(name) for name in ("Boom", "Hang", "Big", "Crash", "Slow")}
+    tools = {name: Fault(name) for name in ("Boom", "Hang", "Big", "Crash", "Slow", "Pic")}
     for t in tools.values():
         served.gw.registry.add(t)
     served.gw.timeouts["Hang"] = 0.5
@@ -128,6 +141,32 @@ async def test_quiet_streams_get_pings(served: Served, faults: dict[str, Fault],
     result_at = lines.index("event: tool_result")
     assert ": ping" in lines[call_at:result_at]  # the tool ran for three ping intervals
     assert lines[-2].startswith("data: ") and lines[-3] == "event: done"
+
+
+async def test_a_stream_opens_and_pings_before_its_first_event(served: Served, sessions: list[SessionRef]) -> None:
+    s = await served.client.create_session(tools=[], max_tokens=8)
+    sessions.append(s)
+    live = served.gw.sessions[s.id]
+    gate = asyncio.Event()
+    commit = live.commit
+
+    async def held_commit() -> None:  # the first batch waits, as a turn queued behind load does
+        await gate.wait()
+        await commit()
+
+    live.commit = held_commit  # type: ignore[method-assign]
+    try:
+        async with httpx.AsyncClient(base_url=served.url, headers={**AUTH, "X-Session-Token": s.token}, timeout=60) as raw, \
+                raw.stream("POST", f"/v1/sessions/{s.id}/messages", json={"content": "hi", "tool_choice": "none"}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            lines = r.aiter_lines()
+            early = [await asyncio.wait_for(lines.__anext__(), 5) for _ in range(2)]  # no event can have come yet
+            assert early == [": ping", ""]
+            gate.set()
+            rest = [line async for line in lines]
+    finally:
+        del live.commit
+    assert "event: done" in rest
 
 
 async def test_overload_and_draining_answer_with_retry_after(served: Served, sessions: list[SessionRef]) -> None:
@@ -313,3 +352,42 @@ async def test_session_tool_choice_error_is_one_message(served: Served, sessions
     ok = await served.client.send_message(s, "hi", tool_choice={"type": "function", "function": {"name": "calculator"}})
     assert ok["state"] == "awaiting_user"
     TypeAdapter(list[dict]).validate_python(ok["events"])
+
+
+async def test_max_result_chars_from_the_yaml_truncates_with_a_note(served: Served, faults: dict[str, Fault],
+                                                                     sessions: list[SessionRef], tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text("augmentations:\n  calculator: {}\n  max_result_chars: 120\n")
+    cfg = load_gateway_config(str(path))
+    assert cfg.max_result_chars == 120 and cfg.result_limit == 120
+    gw, original = served.gw, served.gw.ctx
+    assert original is not None and original.result_limit != 120
+    gw.ctx = dataclasses.replace(original, result_limit=cfg.result_limit)  # as a server started with this YAML
+    try:
+        s = await served.client.create_session(tools=["Big"], max_tokens=48)
+    finally:
+        gw.ctx = original
+    sessions.append(s)
+    big = result_of(await call(served, s, "Big"))
+    note = " ...[truncated: the tool returned 5000 characters; the first 120 are shown]"
+    assert big["content"] == "x" * 120 + note
+    stored = await gw.store.get(s.id)  # the model, the client and the store all see the cut result
+    assert stored is not None
+    assert [m["content"] for m in fold(stored.head, stored.events).transcript if m["role"] == "tool"] == [big["content"]]
+
+
+async def test_delete_removes_the_sessions_artifacts(served: Served, faults: dict[str, Fault]) -> None:
+    c, arts = served.client, served.gw.artifacts
+    s = await c.create_session(tools=["Pic"], max_tokens=48)
+    try:
+        (url,) = result_of(await call(served, s, "Pic"))["artifacts"]
+        aid = url.rsplit("/", 1)[1]
+        item = arts.get(aid)
+        assert item is not None and item.path is not None and item.path.is_file()  # on disk, beside the store
+        async with httpx.AsyncClient(base_url=served.url) as raw:
+            assert (await raw.get(url)).content == PNG
+    finally:
+        await c.close_session(s)
+    assert arts.get(aid) is None and not item.path.exists() and not item.path.parent.exists()
+    async with httpx.AsyncClient(base_url=served.url) as raw:
+        assert (await raw.get(url)).status_code == 404

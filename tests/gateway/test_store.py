@@ -17,7 +17,7 @@ import pytest
 from augmentations.base import Artifact
 from gateway.artifacts import ArtifactStore
 from gateway.durable import fold, hash_token, token_matches
-from gateway.store import MEMORY, SqliteStore
+from gateway.store import MEMORY, SqliteStore, StoreError, _Job
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -66,6 +66,40 @@ async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
         assert [e["text"] for e in got.events] == [str(i) for i in range(100)]
     finally:
         await store.close()
+
+
+async def test_writes_queued_after_close_fail_instead_of_hanging() -> None:
+    store = SqliteStore(MEMORY)
+    gate = threading.Event()
+    blocker = asyncio.ensure_future(store._submit(lambda db: gate.wait(10)))
+    await asyncio.sleep(0.05)
+    closing = asyncio.ensure_future(store.close())
+    await asyncio.sleep(0.05)  # the close's sentinel is queued behind the blocked transaction
+    late = asyncio.ensure_future(store.put("s", "h", {}))
+    await asyncio.sleep(0.05)
+    gate.set()
+    await asyncio.wait_for(closing, 5)
+    assert await blocker is True
+    with pytest.raises(StoreError):
+        await asyncio.wait_for(late, 5)  # settled, not awaited forever
+    with pytest.raises(StoreError):
+        await store.put("s", "h", {})
+
+
+def test_a_write_whose_loop_closed_does_not_kill_the_writer() -> None:
+    store = SqliteStore(MEMORY)
+    gone = asyncio.new_event_loop()
+    fut = gone.create_future()
+    gone.close()  # its caller went away with its loop before the write was done
+    store._jobs.put(_Job(lambda db: None, gone, fut))
+
+    async def later() -> list[str]:
+        await store.put("s", "h", {})
+        return await store.list()
+
+    assert asyncio.run(later()) == ["s"]
+    assert store._thread.is_alive()
+    asyncio.run(store.close())
 
 
 WRITER = """
@@ -137,21 +171,60 @@ def test_tokens_are_stored_as_hashes() -> None:
     assert token_matches("secret-token", h) and not token_matches("secret-tokeN", h) and not token_matches("", h)
 
 
-def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp_path: Path) -> None:
+async def test_artifacts_of_live_sessions_survive_a_restart_within_the_bound(tmp_path: Path) -> None:
     folder = tmp_path / "artifacts"
     store = ArtifactStore(250, folder)
-    a = store.put(Artifact("image", "image/png", b"a" * 100), "sess-live")
-    b = store.put(Artifact("audio", "audio/wav", b"b" * 100), "sess-gone")
-    c = store.put(Artifact("image", "image/png", b"c" * 100), "sess-live")  # over the bound: the oldest (a) goes
+    a = await store.put(Artifact("image", "image/png", b"a" * 100), "sess-live")
+    b = await store.put(Artifact("audio", "audio/wav", b"b" * 100), "sess-gone")
+    c = await store.put(Artifact("image", "image/png", b"c" * 100), "sess-live")  # over the bound: the oldest (a) goes
     aid = lambda url: url.rsplit("/", 1)[1]  # noqa: E731
     assert store.get(aid(a)) is None and not (folder / "sess-live" / aid(a)).exists()
     assert store.bytes == 200
 
     again = ArtifactStore(250, folder)  # a restart: sess-gone is not live any more
-    assert again.load(["sess-live"]) == 1
+    assert await again.load(["sess-live"]) == 1
     item = again.get(aid(c))
-    assert item is not None and item.read() == b"c" * 100 and item.mime == "image/png" and item.session_id == "sess-live"
+    assert item is not None and await again.read(item) == b"c" * 100 and item.mime == "image/png" and item.session_id == "sess-live"
     assert again.get(aid(b)) is None and not (folder / "sess-gone").exists()
+
+
+@pytest.mark.parametrize("on_disk", [True, False])
+async def test_a_deleted_sessions_artifacts_are_removed(tmp_path: Path, on_disk: bool) -> None:
+    folder = tmp_path / "artifacts" if on_disk else None
+    store = ArtifactStore(10_000, folder)
+    aid = lambda url: url.rsplit("/", 1)[1]
+    mine = [aid(await store.put(Artifact("image", "image/png", b"m" * 10), "sess-a")) for _ in range(3)]
+    other = aid(await store.put(Artifact("image", "image/png", b"o" * 10), "sess-b"))
+    assert await store.drop_session("sess-a") == 3
+    assert all(store.get(m) is None for m in mine) and store.bytes == 10 and len(store) == 1
+    item = store.get(other)
+    assert item is not None and await store.read(item) == b"o" * 10  # another session's are kept
+    if folder is not None:
+        assert not (folder / "sess-a").exists() and (folder / "sess-b" / other).exists()
+
+
+async def test_artifact_file_io_runs_off_the_event_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import gateway.artifacts as artifacts_mod
+
+    loop_thread, seen = threading.get_ident(), []
+
+    def spy(fn):  # type: ignore[no-untyped-def]
+        def wrapped(*a, **kw):  # type: ignore[no-untyped-def]
+            seen.append((fn.__name__, threading.get_ident() != loop_thread))
+            return fn(*a, **kw)
+        return wrapped
+
+    for name in ("_write", "_unlink_all", "_scan"):
+        monkeypatch.setattr(artifacts_mod, name, spy(getattr(artifacts_mod, name)))
+    monkeypatch.setattr(artifacts_mod.Stored, "read", spy(artifacts_mod.Stored.read))
+    store = ArtifactStore(150, tmp_path / "artifacts")
+    await store.put(Artifact("image", "image/png", b"a" * 100), "sess-a")
+    url = await store.put(Artifact("image", "image/png", b"b" * 100), "sess-a")  # evicts the first: an unlink
+    item = store.get(url.rsplit("/", 1)[1])
+    assert item is not None and await store.read(item) == b"b" * 100
+    await ArtifactStore(150, tmp_path / "artifacts").load(["sess-a"])
+    assert {name for name, _ in seen} == {"_write", "_unlink_all", "read", "_scan"}
+    assert all(off for _, off in seen), seen
 
 
 def test_the_store_refuses_a_newer_schema(tmp_path: Path) -> None:

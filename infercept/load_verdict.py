@@ -1,0 +1,109 @@
+"""What `infercept loadtest` requires of each phase: a phase passes only if every one of its conditions
+holds, and the command's exit code is 0 only if every phase run passed. Each failure is a sentence that
+says what was measured against what was required."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+MIN_DROPPED = 0.9  # of the disconnect phase's clients, the share that must really drop mid-stream
+
+
+def _want(failures: list[str], ok: bool, what: str) -> None:
+    if not ok:
+        failures.append(what)
+
+
+def sessions(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["clients"]
+    _want(f, out["done"] == n, f"{out['done']} of {n} sessions ended in done (outcomes {out['outcomes']})")
+    _want(f, out["tool_calls"] == n, f"{out['tool_calls']} of {n} turns called a tool")
+    _want(f, out["http_5xx"] == 0, f"{out['http_5xx']} HTTP 5xx answers")
+    _want(f, out["refused_or_reset"] == 0, f"{out['refused_or_reset']} refused or reset connections")
+    _after(f, out["after"], n)
+    return f
+
+
+def disconnects(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["clients"]
+    # A turn may end by itself before a client read its few tokens (the model stopped): that client measured
+    # nothing but is no fault. Any other outcome (a refused session, an HTTP error, a reset) is a failure.
+    other = {k: v for k, v in out["outcomes"].items() if k not in ("dropped", "ended:done")}
+    _want(f, not other, f"clients that did not stream: {other}")
+    _want(f, out["dropped_mid_stream"] >= MIN_DROPPED * n, f"only {out['dropped_mid_stream']} of {n} clients dropped "
+          f"mid-stream (outcomes {out['outcomes']}); at least {MIN_DROPPED:.0%} must, or the phase measures little")
+    drop = out["after_drop"]
+    _want(f, drop["running"] == 0 and drop["waiting"] == 0 and drop["turns_in_progress"] == 0,
+          f"requests left after the drops: running {drop['running']}, waiting {drop['waiting']}, "
+          f"turns in progress {drop['turns_in_progress']}")
+    _want(f, drop["leaked_blocks"] == 0, f"{drop['leaked_blocks']} KV blocks not free after the drops")
+    usable = out["still_usable"]
+    _want(f, usable["done"] == n and usable["http_5xx"] == 0 and usable["refused_or_reset"] == 0,
+          f"{usable['done']} of {n} sessions answered a new message after the drop (outcomes {usable['outcomes']})")
+    _after(f, out["after"], n)
+    return f
+
+
+def kill(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["sessions_before"]
+    _want(f, out["sessions_lost"] == 0, f"{out['sessions_lost']} sessions lost by the kill -9 and restart")
+    _want(f, out["finished_before_kill"] == out["finished_sessions"] == n - out["interrupted_sessions"],
+          f"{out['finished_before_kill']} of {n - out['interrupted_sessions']} sessions finished their turn before the kill")
+    _want(f, out["finished_sessions_intact"] == out["finished_sessions"],
+          f"{out['finished_sessions_intact']} of {out['finished_sessions']} finished sessions came back intact")
+    _want(f, out["mid_turn_at_kill"] > 0, "no session was mid-turn when the server was killed: nothing measured")
+    _want(f, out["interrupted_sessions_intact"] >= out["mid_turn_at_kill"],
+          f"{out['interrupted_sessions_intact']} of {out['mid_turn_at_kill']} sessions killed mid-turn came back with "
+          "their turn marked interrupted and what the client saw")
+    _want(f, out["next_message_done"] == n, f"{out['next_message_done']} of {n} sessions answered the next message "
+          f"(outcomes {out['next_message_outcomes']})")
+    _want(f, out["engine_processes_left_behind"] == 0, f"{out['engine_processes_left_behind']} engine processes left behind")
+    return f
+
+
+def schemathesis(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    _want(f, not out.get("timed_out"), f"schemathesis did not finish within {out.get('timeout_s')} s")
+    _want(f, out["exit_code"] == 0, f"schemathesis exited with {out['exit_code']} (its checks failed; see summary)")
+    _want(f, out["http_5xx"] == 0, f"{out['http_5xx']} HTTP 5xx answers to generated requests")
+    _want(f, out["requests"] >= out.get("required_requests", 1),
+          f"{out['requests']} generated requests, fewer than the {out.get('required_requests')} asked for")
+    return f
+
+
+def _after(f: list[str], after: dict[str, Any], n: int) -> None:
+    _want(f, after["deleted"] == n, f"{after['deleted']} of {n} sessions deleted with 204")
+    _want(f, after["all_blocks_free"], f"KV blocks not all free after deleting every session: {after['blocks']}")
+    integrity = after["integrity"]  # the check itself raises (a 500 from /v1/stats) when the books are broken
+    _want(f, integrity["free"] == integrity["total"], f"the engine's integrity check shows blocks held: {integrity}")
+    _want(f, after["running"] == 0 and after["waiting"] == 0,
+          f"requests left in the engine after deleting: running {after['running']}, waiting {after['waiting']}")
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
+    "sessions": sessions, "disconnects": disconnects, "kill": kill, "schemathesis": schemathesis,
+}
+
+
+def judge(phase: str, out: dict[str, Any]) -> dict[str, Any]:
+    """{"pass": bool, "failures": [...]}; a phase whose figures are missing fails, naming what is missing."""
+    if "error" in out:
+        return {"pass": False, "failures": [f"the phase failed: {out['error']}"]}
+    try:
+        failures = CHECKS[phase](out)
+    except KeyError as e:
+        failures = [f"the phase's result lacks {e}: it did not run to the end"]
+    return {"pass": not failures, "failures": failures}
+
+
+def line(phase: str, verdict: dict[str, Any]) -> str:
+    if verdict["pass"]:
+        return f"[loadtest] {phase}: PASS"
+    return f"[loadtest] {phase}: FAIL\n" + "\n".join(f"    - {x}" for x in verdict["failures"])
+
+
+__all__ = ["CHECKS", "judge", "line"]
