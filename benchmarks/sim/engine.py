@@ -219,7 +219,8 @@ class SimEngine:
         """The engine's stats report, as `InterceptEngine.stats()` returns it to the benchmark."""
         counts = self.sched.block_counts()
         waiting = len(self.sched.waiting) + len(self.sched.kv_ready) + len(self.sched.loading)
-        return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now))
+        return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now,
+                                   token_budget=self.sched.default_budget))
 
     def check(self) -> None:
         check_integrity(self.core, self.sched.block_counts())
