@@ -89,11 +89,15 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
         assert v["per_rate"][lab]["3/2"]["measured"]["median_normalized_latency_s"] == {"discard": 0.01, "infercept": 0.008, "unlimited-kv": 0.006}[lab]
     assert v["simulated_headline"]["infercept"]["max_rate_at_slo"] == v["policies"]["infercept"]["simulated"]
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
-    # The host time per held request per step is fitted on discard alone, from a grid that includes 0.
+    # The host time per held request per step is fitted on discard alone (its latencies over every run),
+    # from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
     fit = v["cost_model"]["host_fit"]
     assert fit["fitted_on"] == "discard" and fit["trials"][0]["host_per_request_s"] == 0.0
     assert v["cost_model"]["host_per_request_s"] == fit["host_per_request_s"]
-    assert abs(v["policies"]["discard"]["rel_error"]) == min(abs(t["rel_error"]) for t in fit["trials"])
+    best = min(t["latency_log_error"] for t in fit["trials"])
+    assert next(t for t in fit["trials"] if t["host_per_request_s"] == fit["host_per_request_s"])["latency_log_error"] == best
+    step = v["cost_model"]["step_overhead_fit"]
+    assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
 
 
 def test_validation_refuses_a_bench_json_of_the_old_runner(tmp_path: Path) -> None:
