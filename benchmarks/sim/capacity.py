@@ -26,8 +26,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from benchmarks.metrics import BOUND
 from benchmarks.metrics import pct as _pct
 from benchmarks.replay import TABLE1
+from benchmarks.runner import context_tokens
 from benchmarks.sim.engine import SimEngine
 from benchmarks.sim.request import SimRequest, from_workload
 from benchmarks.sim.run import unloaded_latency
@@ -77,7 +79,9 @@ class ClosedLoop:
                  ramp_s: float, window_s: float, drain_s: float) -> None:
         self.bench, self.label, self.pool = bench, label, pool
         self.v = variant(label)
-        self.eng: SimEngine = bench.engine(label)
+        # The bound's KV holds every session's largest context at once (the runner's rule, for a
+        # closed loop: one request per session at a time).
+        self.eng: SimEngine = bench.engine(label, unlimited_kv_tokens=sessions * max(context_tokens(r) for r in pool))
         self.eng.on_finish = self._next
         self.ramp_s, self.window_s, self.drain_s = ramp_s, window_s, drain_s
         self.measured: list[SimRequest] = []
@@ -177,7 +181,7 @@ def capacity(bench: SimBench, labels: Sequence[str], *, workload: str, max_sessi
              verbose: bool = True) -> dict[str, Any]:
     t0 = time.time()
     pool = request_pool(workload, seed, pool_size)
-    cal = unloaded_latency(bench.engine("unlimited-kv"), bench, "unlimited-kv", pool)
+    cal = unloaded_latency(bench.engine(BOUND, token_budget=bench.budget(None)), bench, BOUND, pool)
     slo = slo_factor * cal["median_s"]
     ramp = mean_lifetime_s(pool, bench.setting.time_scale, cal["median_s"])
     window = window_s if window_s is not None else max(60.0, ramp)

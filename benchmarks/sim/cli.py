@@ -4,13 +4,13 @@
     infercept simulate --validate results/bench/bench.json        # replay a bench run, compare max rates at the SLO
     infercept simulate --paper [--model gptj-6b|llama2-70b]       # the paper's Figure 2 setting, every policy
     infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
+                                                                  # (--profile: a name or its file under configs/profiles/)
     infercept simulate --profile P --policies a,b --rates 1,2 --duration 300  # any sweep
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -32,8 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", help="requests/s, comma-separated")
     p.add_argument("--duration", type=float, help="seconds of arrivals per rate")
     p.add_argument("--drain", type=float, help="seconds after the last arrival before the cutoff")
-    p.add_argument("--seeds", default="0", help="comma-separated workload seeds (default 0)")
-    p.add_argument("--token-budget", type=int, help="max tokens per step for every policy (default: S from the profile)")
+    p.add_argument("--seeds", help="comma-separated workload seeds (default 1,2,3 as the bench; --quick and --sessions: 1)")
+    p.add_argument("--token-budget", type=int,
+                   help="max tokens per step (max_num_batched_tokens) for every policy (default: S from the profile; "
+                        "--validate: each policy's own from the bench.json)")
     p.add_argument("--decode-context-share", type=float,
                    help="measured CPU profiles: share of the decode step beyond T_fwd that grows with context (default 0)")
     p.add_argument("--host-overhead-us", type=float,
@@ -58,10 +60,14 @@ def _write(obj: Any, path: Path) -> None:
     print(f"wrote {path}")
 
 
+def _seeds(args: argparse.Namespace, default: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in (args.seeds or default).split(",") if x.strip())
+
+
 def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any:
     from benchmarks.sim.paper import ALL_POLICIES, PaperRun
 
-    run = PaperRun(model=model, seeds=tuple(int(x) for x in args.seeds.split(",")))
+    run = PaperRun(model=model, seeds=_seeds(args, "1" if quick else "1,2,3"))
     run.policies = tuple(_labels(args, QUICK_POLICIES if quick else ALL_POLICIES))
     if "unlimited-kv" not in run.policies:
         run.policies += ("unlimited-kv",)
@@ -72,6 +78,10 @@ def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any
     return run
 
 
+def _command() -> str:
+    return "infercept simulate " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "simulate" else " ".join(sys.argv)
+
+
 def main(args: argparse.Namespace) -> int:
     from benchmarks.sim.report import table
 
@@ -80,53 +90,54 @@ def main(args: argparse.Namespace) -> int:
         from benchmarks.sim.validate import print_validation, validate
 
         host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
-        v = validate(args.validate, policies=_labels(args, ()) or None, context_share=args.decode_context_share,
-                     host_per_request_s=host, fit_on=None if args.fit_on == "none" else args.fit_on)
-        v["command"] = "infercept " + " ".join(sys.argv[1:]) if sys.argv else None
+        v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
+                     context_share=args.decode_context_share, host_per_request_s=host,
+                     fit_on=None if args.fit_on == "none" else args.fit_on)
+        v = {"command": _command(), **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
     elif args.paper or args.quick:
         from benchmarks.sim.paper import run_paper
 
         model = args.model or "gptj-6b"
-        res = run_paper(_paper_run(args, model, quick=args.quick))
-        res["command"] = "infercept " + " ".join(sys.argv[1:])
-        print(f"\nSLO: median normalized latency <= {res['slo']['slo_normalized_latency_s'][0] * 1000:.2f} ms/token "
-              f"(5x the unloaded {res['slo']['unloaded_normalized_latency_s'][0] * 1000:.2f} ms on unlimited-kv)")
-        print(table(res["headline"]))
+        res = {"command": _command(), **run_paper(_paper_run(args, model, quick=args.quick))}
+        print(f"\nSLO: median normalized latency <= {res['slo']['slo_normalized_latency_s'] * 1000:.2f} ms/token "
+              f"(5x the unloaded {res['slo']['unloaded_normalized_latency_s'] * 1000:.2f} ms on unlimited-kv)")
+        print(table(res["headline"], res["token_budget"]))
         default = "results/sim/quick.json" if args.quick else ("results/sim/paper_scale.json" if model == "gptj-6b"
                                                                else f"results/sim/paper_scale_{model}.json")
         if args.out or not args.quick:
             _write(res, Path(args.out or default))
     elif args.sessions:
         from benchmarks.sim.capacity import capacity
-        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun
+        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun, paper_model
 
-        model = args.profile if args.profile in PAPER_PROFILES else None
+        model = paper_model(args.profile)
         if model is None:
-            print("error: --sessions needs --profile gptj-6b or llama2-70b (a derived GPU profile)", file=sys.stderr)
+            print("error: --sessions needs --profile gptj-6b or llama2-70b (a derived GPU profile, by name or by its "
+                  "file under configs/profiles/)", file=sys.stderr)
             return 2
         labels = _labels(args, ("discard", "vllm-apc", "ttl", "swap", "infercept", "unlimited-kv"))
         bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
-        res = capacity(bench, labels, workload=args.workload, max_sessions=args.sessions, seed=int(args.seeds.split(",")[0]))
-        res["command"] = "infercept " + " ".join(sys.argv[1:])
+        res = capacity(bench, labels, workload=args.workload, max_sessions=args.sessions, seed=_seeds(args, "1")[0])
+        res = {"command": _command(), "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
         print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
               f"workload {args.workload}, up to {args.sessions}:")
         for lab, r in res["policies"].items():
             print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  ({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
         _write(res, Path(args.out or "results/sim/capacity.json"))
     else:
-        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun
+        from benchmarks.sim.paper import paper_model
 
-        model = args.profile if args.profile in PAPER_PROFILES else "gptj-6b"
-        run = _paper_run(args, model)
-        if args.profile not in PAPER_PROFILES:
+        model = paper_model(args.profile)
+        if model is None:
             print("error: sweeps on other profiles: use --validate with a bench.json", file=sys.stderr)
             return 2
+        run = _paper_run(args, model)
         from benchmarks.sim.paper import run_paper
 
-        res = run_paper(run)
-        print(table(res["headline"]))
+        res = {"command": _command(), **run_paper(run)}
+        print(table(res["headline"], res["token_budget"]))
         if args.out:
             _write(res, Path(args.out))
     print(f"simulated in {time.time() - t0:.1f} s wall")

@@ -43,6 +43,7 @@ class StepLoad:
     requests: int  # requests with tokens in the step
     context: int  # sum over those requests of the tokens already in their KV (read by attention)
     pairs: int  # (query, key) pairs attention computes: sum of q * c + q * (q + 1) / 2
+    cross: int = 0  # of those, chunks' pairs with earlier context: sum of q * c over requests with q > 1
 
 
 class StepCost(Protocol):
@@ -62,8 +63,12 @@ class MeasuredCost:
     output processing: on a tiny CPU model the bulk of it). The profile measures one context length
     only, so `phi` is not in it: the profile's `extra.decode_context_share` if set, else the caller's."""
 
-    def __init__(self, profile: Profile, context_share: float | None = None) -> None:
+    def __init__(self, profile: Profile, context_share: float | None = None, pair_s: float | None = None) -> None:
         self.profile = pristine(profile)
+        # A chunk of a prompt (chunked prefill, a recompute after a discard) attends to the context
+        # before it too, which a lone prompt of the grid never does: its (query, earlier key) pairs cost
+        # the grid's own quadratic term (`attention_pair_s`) unless given.
+        self.pair_s = attention_pair_s(self.profile) if pair_s is None else float(pair_s)
         phi = context_share if context_share is not None else self.profile.extra.get("decode_context_share", 0.0)
         if not 0.0 <= float(phi) <= 1.0:
             raise ValueError("decode context share must be within [0, 1]")
@@ -103,7 +108,30 @@ class MeasuredCost:
         if load.tokens <= 0:
             return 0.0
         b = load.requests
-        return self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
+        return (self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
+                + load.cross * self.pair_s)
+
+
+def attention_pair_s(profile: Profile) -> float:
+    """Seconds per (query, key) pair of attention on this device, from the T_fwd grid: the quadratic
+    term of the least-squares fit T(n) = a + b n + k n (n + 1) / 2 over the grid's lone prompts (0 when
+    the grid has fewer than three points or shows no quadratic growth)."""
+    pts = list(zip(profile.fwd_tokens, profile.fwd_seconds))
+    if len(pts) < 3:
+        return 0.0
+    rows = [(1.0, float(n), n * (n + 1) / 2) for n, _ in pts]
+    # Normal equations (3 x 3), solved by Gaussian elimination with partial pivoting.
+    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] + [sum(r[i] * t for r, (_, t) in zip(rows, pts))] for i in range(3)]
+    for c in range(3):
+        p = max(range(c, 3), key=lambda i: abs(m[i][c]))
+        m[c], m[p] = m[p], m[c]
+        if m[c][c] == 0:
+            return 0.0
+        for i in range(3):
+            if i != c:
+                f = m[i][c] / m[c][c]
+                m[i] = [x - f * y for x, y in zip(m[i], m[c])]
+    return max(0.0, m[2][3] / m[2][2])
 
 
 @dataclass(frozen=True)
@@ -202,9 +230,9 @@ class RooflineCost:
         return self._token_part_s(load.tokens) + r.layers * max(attn_mem, attn_flops) + head
 
 
-def make_cost(profile: Profile, context_share: float | None = None) -> StepCost:
+def make_cost(profile: Profile, context_share: float | None = None, pair_s: float | None = None) -> StepCost:
     roof = profile.extra.get("roofline")
-    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share)
+    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share, pair_s)
 
 
 def copies_s(profile: Profile, out_tokens: int, in_tokens: int) -> float:

@@ -39,7 +39,8 @@ class Stuck(RuntimeError):
 class SimEngine:
     def __init__(self, sched: SimScheduler, core_factory: Callable[[SimScheduler], InterceptCore], cost: StepCost, *,
                  oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0,
-                 frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0) -> None:
+                 frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0,
+                 step_overhead_s: float = 0.0) -> None:
         self.sched, self.cost, self.oracle = sched, cost, oracle
         self.core = core_factory(sched)
         sched.core = self.core
@@ -55,6 +56,9 @@ class SimEngine:
         # walks its queues (paused sessions are skipped one by one) and the intercept core scans its
         # entries every step, in Python, on the cores that also run a CPU engine's forward pass.
         self.host_per_request_s = host_per_request_s
+        # Host time per step outside what the profile measured (the engine core's scheduling, output
+        # processing and IPC on this machine), whatever the step holds.
+        self.step_overhead_s = step_overhead_s
         self.now = 0.0
         self.steps = 0
         self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
@@ -127,8 +131,8 @@ class SimEngine:
         copies = core.step_copies() if core.swap is not None else None
         core.scheduled(out.new, out.load.tokens)
         fwd = self.cost.forward_s(out.load)
-        if fwd and self.host_per_request_s:
-            fwd += self.host_per_request_s * len(sched.requests)
+        if fwd:
+            fwd += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:
             sched.loads_done(copies.loads_done)
@@ -219,7 +223,8 @@ class SimEngine:
         """The engine's stats report, as `InterceptEngine.stats()` returns it to the benchmark."""
         counts = self.sched.block_counts()
         waiting = len(self.sched.waiting) + len(self.sched.kv_ready) + len(self.sched.loading)
-        return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now))
+        return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now,
+                                   token_budget=self.sched.default_budget))
 
     def check(self) -> None:
         check_integrity(self.core, self.sched.block_counts())

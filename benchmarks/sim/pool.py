@@ -19,8 +19,9 @@ class BlockPool:
             raise ValueError("the KV pool needs at least one block of at least one token")
         self.num_blocks, self.block_size, self.prefix_caching = num_blocks, block_size, prefix_caching
         # Without prefix caching the order of free blocks does not matter: a stack is fastest.
-        self._stack: list[int] = list(range(num_blocks - 1, -1, -1))
-        self._lru: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        # (Only the structure in use is built: the bound's pool may hold millions of blocks.)
+        self._stack: list[int] = [] if prefix_caching else list(range(num_blocks - 1, -1, -1))
+        self._lru: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks)) if prefix_caching else OrderedDict()
         self._key_of: dict[int, int] = {}
         self._block_of: dict[int, int] = {}
 

@@ -1,19 +1,18 @@
-"""Headline numbers from simulated sweeps, in the shape the fair benchmark (issue 12) gives bench.json:
-per policy the max rate at the SLO (the runner's `max_rate_at_slo`: the median normalized latency,
-interpolated between the last passing and the first failing rate), its ratios to discard, vllm-apc,
-ttl and the bound (`unlimited-kv`), and, at the highest rate that passes, the waste share and the mean
-job completion time."""
+"""Headline numbers from simulated sweeps, by the benchmark's own rule (`benchmarks.metrics.headline`:
+per policy the median over seeds of the max rate at the SLO with min and max, ratios to discard,
+vllm-apc, ttl and the bound, waste share and JCT at the highest rate within the SLO), so that a
+simulated headline has bench.json's shape; plus what only the simulator knows (the waste share with
+the true swap stall instead of the core meter's estimate)."""
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from benchmarks.metrics import max_rate_at_slo
+from benchmarks.metrics import headline as bench_headline
 
-BOUND = "unlimited-kv"
-RATIO_TO = ("discard", "vllm-apc", "ttl")
+Runs = Mapping[str, Mapping[int, Mapping[str, Mapping[str, Any]]]]  # runs[policy][seed][rate] = a run's summary
 
 
 def points(runs: Mapping[str, Mapping[str, Any]]) -> list[tuple[float, float | None]]:
@@ -26,60 +25,31 @@ def at_highest_passing(runs: Mapping[str, Mapping[str, Any]], slo_s: float) -> M
     return max(ok, key=lambda r: r["rate"]) if ok else None
 
 
-def headline(per_seed: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]], slo_s: Sequence[float],
-             bound: str = BOUND) -> dict[str, dict[str, Any]]:
-    """`per_seed[i][policy][rate]` = a rate's summary; `slo_s[i]` the SLO of seed i. The headline is
-    the median over seeds (with min and max)."""
-    labels = list(per_seed[0])
-    rates: dict[str, list[float]] = {lab: [] for lab in labels}
-    censored: dict[str, bool] = {lab: False for lab in labels}
-    waste: dict[str, list[float]] = {lab: [] for lab in labels}
-    waste_true: dict[str, list[float]] = {lab: [] for lab in labels}
-    jct: dict[str, list[float]] = {lab: [] for lab in labels}
-    for runs_by_policy, slo in zip(per_seed, slo_s):
-        for lab in labels:
-            r, c = max_rate_at_slo(points(runs_by_policy[lab]), slo)
-            rates[lab].append(r)
-            censored[lab] |= c
-            best = at_highest_passing(runs_by_policy[lab], slo)
-            if best is not None:
-                if best.get("waste_share_of_capacity_time") is not None:
-                    waste[lab].append(best["waste_share_of_capacity_time"])
-                if best.get("waste_share_true_stall") is not None:
-                    waste_true[lab].append(best["waste_share_true_stall"])
-                if (best.get("jct_s") or {}).get("mean") is not None:
-                    jct[lab].append(best["jct_s"]["mean"])
-    med = {lab: statistics.median(v) for lab, v in rates.items()}
-
-    def ratio(a: str, b: str) -> float | None:
-        return med[a] / med[b] if b in med and med[b] > 0 else None
-
-    out = {}
-    for lab in labels:
-        h: dict[str, Any] = {"max_rate_at_slo": med[lab], "max_rate_min": min(rates[lab]), "max_rate_max": max(rates[lab]),
-                             "censored": censored[lab]}
-        for other in RATIO_TO:
-            h[f"ratio_vs_{other}"] = ratio(lab, other)
-        h["ratio_vs_bound"] = ratio(lab, bound)
-        h["waste_share_at_slo_rate"] = statistics.median(waste[lab]) if waste[lab] else None
-        h["waste_share_at_slo_rate_true_stall"] = statistics.median(waste_true[lab]) if waste_true[lab] else None
-        h["jct_mean_s"] = statistics.median(jct[lab]) if jct[lab] else None
-        out[lab] = h
-    return out
+def headline(runs: Runs, slo_s: float) -> dict[str, dict[str, Any]]:
+    """bench.json's headline over `runs[policy][seed][rate]` at one SLO, plus the true-stall waste share."""
+    head = bench_headline(runs, slo_s)
+    for label, by_seed in runs.items():
+        xs = [best["waste_share_true_stall"] for best in (at_highest_passing(r, slo_s) for r in by_seed.values())
+              if best is not None and best.get("waste_share_true_stall") is not None]
+        head[label]["waste_share_at_slo_rate_true_stall"] = statistics.median(xs) if xs else None
+    return head
 
 
-def table(head: Mapping[str, Mapping[str, Any]]) -> str:
+def table(head: Mapping[str, Mapping[str, Any]], budgets: Mapping[str, Any] | None = None) -> str:
     def f(x: float | None, pct: bool = False) -> str:
         if x is None:
             return "-"
         return f"{x * 100:.2f}%" if pct else f"{x:.2f}"
 
-    lines = [f"{'policy':20s} {'max rate@SLO':>12s} {'vs discard':>10s} {'vs vllm-apc':>11s} {'vs ttl':>7s} {'vs bound':>8s} "
-             f"{'waste@SLO':>9s} {'JCT mean':>9s}"]
+    budgets = budgets or {}
+    lines = [(f"{'policy':18s} {'budget':>6s} {'max rate@SLO (min..max)':>24s} {'vs discard':>10s} {'vs apc':>7s} {'vs ttl':>7s} "
+              f"{'vs bound':>8s} {'waste@SLO':>9s} {'JCT mean':>9s}")]
     for lab, h in head.items():
         mark = "+" if h.get("censored") else " "
-        lines.append(f"{lab:20s} {h['max_rate_at_slo']:11.2f}{mark} {f(h['ratio_vs_discard']):>10s} {f(h['ratio_vs_vllm-apc']):>11s} "
-                     f"{f(h['ratio_vs_ttl']):>7s} {f(h['ratio_vs_bound']):>8s} {f(h['waste_share_at_slo_rate'], True):>9s} "
-                     f"{f(h['jct_mean_s']):>8s}s")
-    lines.append("(+: met the SLO at every rate tried; waste share and JCT at the highest rate that meets the SLO)")
+        rate = f"{h['max_rate_at_slo']:.2f}{mark} ({h['max_rate_min']:.2f}..{h['max_rate_max']:.2f})"
+        lines.append(f"{lab:18s} {budgets.get(lab, '')!s:>6s} {rate:>24s} {f(h['ratio_vs_discard']):>10s} "
+                     f"{f(h.get('ratio_vs_vllm-apc')):>7s} {f(h.get('ratio_vs_ttl')):>7s} {f(h.get('ratio_vs_bound')):>8s} "
+                     f"{f(h['waste_share_at_slo_rate'], True):>9s} {f(h['jct_mean_s']):>8s}s")
+    lines.append("(max rate@SLO: median over seeds; +: met the SLO at every rate tried; waste share of the real KV "
+                 "capacity x time and JCT at the highest rate within the SLO)")
     return "\n".join(lines)

@@ -1,13 +1,12 @@
-"""One policy over the request rates, as `benchmarks.runner` runs it on the real engine:
-one engine for all rates in turn (its estimator and profile refinement carry over), each rate's
-requests replayed until they finish or the cutoff (last arrival + drain), then summarized by the
-runner's own `summarize` (normalized latency, waste by kind, recompute share, ...), plus what the
-fair benchmark adds (job completion time, unfinished requests)."""
+"""One policy over the request rates, as `benchmarks.runner` runs it on the real engine (`EngineRun`):
+one engine per policy and seed for all rates in turn (its estimator and profile refinement carry
+over), each rate's requests replayed until they finish or the cutoff (last arrival + drain), then
+summarized by the benchmark's own `summarize` (normalized latency, JCT, waste by kind over the real KV
+capacity, recompute share, ...), plus what only a simulator knows (the true swap stall)."""
 
 from __future__ import annotations
 
 import dataclasses
-import statistics
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,14 +33,9 @@ def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
     return o
 
 
-def jct(outs: Sequence[Outcome], cutoff: float) -> dict[str, float | None]:
-    """Job completion time: arrival to last token, calls included (unfinished: up to the cutoff, a
-    lower bound, as the runner counts their latency)."""
-    xs = [(o.end_s if o.end_s is not None else cutoff) - o.arrival_s for o in outs]
-    return {"mean": statistics.fmean(xs) if xs else None, "p90": _pct(xs, 0.9), "median": _pct(xs, 0.5)}
-
-
-def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_tokens: int | None = None) -> dict[str, Any]:
+def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_tokens: int) -> dict[str, Any]:
+    """One rate's requests on a running engine. `capacity_tokens`: the waste shares' denominator, the
+    real KV capacity (the bound's larger pool included: the benchmark's rule)."""
     stats0 = eng.stats()
     stall0 = (eng.true_stall_s, eng.true_stall_token_s)
     t0 = eng.now
@@ -58,10 +52,8 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
     outs = [outcome(r, i, 0.0) for i, r in enumerate(reqs)]
     wall = cutoff - t0
     pool = stats1["blocks"]["total"] * stats1["block_size"]
-    # An unlimited-KV engine's pool is larger than the device: waste is a share of the real KV
-    # capacity (the fair benchmark's rule), not of the pool it was given.
-    out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens or pool)
-    if capacity_tokens and capacity_tokens != pool:
+    out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens)
+    if capacity_tokens != pool:
         out["pool_tokens"] = pool
     # The core's meter estimates a step's copy stall as copy - (step - copy), which counts a stall
     # where copies overlapped a longer forward pass; the simulator knows the forward time apart.
@@ -70,26 +62,31 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
     out["swap_stall_true_s"] = true_s
     out["waste_share_true_stall"] = ((out["waste_total_token_s"] - out["waste"]["swap_stall"]["token_s"] + true_ts) / cap_ts
                                      if cap_ts else None)
-    out.update({"timed_out": len(left), "unfinished": len(left), "jct_s": jct(outs, cutoff), "steps": eng.steps - steps0,
+    out.update({"timed_out": len(left), "unfinished": len(left), "steps": eng.steps - steps0,
                 "preemptions": eng.sched.preemptions - preempt0, "sim_idle_steps": eng.idle_steps - idle0})
     return out
 
 
 def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]], drain_s: float,
-               calibrate_with: list[Request] | None = None, check_every: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(results per rate, engine info) for one policy label, as the runner's `run_variant`."""
+               check_every: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(results per rate, engine info) for one policy label and one seed's workloads, as the runner's
+    `run_sweep` runs one `EngineRun`."""
     eng = bench.engine(label, check_every=check_every)
-    unloaded = unloaded_latency(eng, bench, label, calibrate_with) if calibrate_with else None
     results: dict[str, Any] = {}
     for rate, reqs in workloads.items():
         sims = sim_requests(reqs, bench, label, prefix=f"{rate:g}-")
         results[f"{rate:g}"] = run_rate(eng, sims, drain_s, bench.setting.kv_tokens) | {"rate": rate}
-    info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "unloaded": unloaded,
-            "blocks": eng.sched.pool.num_blocks, "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens}
+    info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "kv_blocks": eng.sched.pool.num_blocks,
+            "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens,
+            "max_num_seqs": eng.sched.max_num_seqs}
     return results, info
 
 
-def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence[Request], n: int = 10) -> dict[str, Any]:
+CALIBRATION_REQUESTS = 16  # the runner's `Plan.calibration_requests`
+
+
+def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence[Request],
+                     n: int = CALIBRATION_REQUESTS) -> dict[str, Any]:
     """The SLO's reference, as the runner measures it: the first requests one at a time with
     zero-time calls (the bound's replay), on an otherwise idle engine."""
     lat = []

@@ -1,6 +1,7 @@
 """From a benchmark setting to a simulated engine, through the same code the benchmark and the engine
-use: the runner's `Setting.engine_config(variant)` gives the engine configuration, its
-`core_config()` the intercept core's, and `build_core` assembles the core as vLLM's scheduler does."""
+use: the replay's `Setting.engine_config(variant, token_budget)` gives the engine configuration
+(the bound's KV included), its `core_config()` the intercept core's, and `build_core` assembles the
+core as vLLM's scheduler does. Every policy is one of the benchmark's `VARIANTS`."""
 
 from __future__ import annotations
 
@@ -25,17 +26,11 @@ from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import policy_spec
 
-VLLM_DEFAULT_BATCHED_TOKENS = 2048  # vLLM's max_num_batched_tokens when the engine sets none
-
-# The bound of the fair benchmark (issue 12): preserve, KV for every context, real call durations.
-# Older runners do not define it; the simulator does, the same way.
-EXTRA_VARIANTS = {"unlimited-kv": Variant("unlimited-kv", "preserve", unlimited_kv=True)}
-
 
 def variant(label: str) -> Variant:
-    v = VARIANTS.get(label) or EXTRA_VARIANTS.get(label)
+    v = VARIANTS.get(label)
     if v is None:
-        raise ValueError(f"unknown policy {label!r}; choose from {', '.join([*VARIANTS, *EXTRA_VARIANTS])}")
+        raise ValueError(f"unknown policy {label!r}; choose from {', '.join(VARIANTS)}")
     return v
 
 
@@ -50,15 +45,18 @@ def make_setting(**kw: Any) -> Setting:
 class SimBench:
     """One simulated benchmark setting: the runner's engine setting plus what the simulator needs."""
 
-    setting: Setting
+    setting: Setting  # `unlimited_kv_tokens` sizes the bound's KV (0: set by `sweep` as the runner does)
     profile: Profile  # the device's cost profile (M is the model's real KV size)
-    token_budget: Mapping[str, int] = field(default_factory=dict)  # per policy label; else `default_budget`
-    default_budget: int = VLLM_DEFAULT_BATCHED_TOKENS
-    unlimited_blocks: int = 0  # usable blocks for an unlimited-KV variant (0: the runner's 16x)
-    unlimited_slots: int = 0  # running slots it gets beyond max_num_seqs
+    # Each policy's max_num_batched_tokens (the bench's, after its pilot when tuned); a policy not
+    # named gets `default_budget`, which by default is the profile's saturation point S (the runner's).
+    token_budget: Mapping[str, int | None] = field(default_factory=dict)
+    default_budget: int | None = None
+    unlimited_slots: int = 0  # running slots the bound gets beyond max_num_seqs (0: the runner's bound)
     context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
+    pair_s: float | None = None  # MeasuredCost's attention cost per (query, earlier key) pair (None: the grid's)
     frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
     host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
+    step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
 
     def __post_init__(self) -> None:
@@ -81,35 +79,44 @@ class SimBench:
         rest = max(0.0, float(ttft1) - float(step1))
         return (rest / 2, rest / 2)
 
-    def budget(self, label: str) -> int:
-        return int(self.token_budget.get(label, self.default_budget))
+    def budget(self, label: str | None = None) -> int:
+        """A policy's token budget (None: the default one, which the runner's SLO engine gets)."""
+        b = self.token_budget.get(label) if label is not None else None
+        if b is None:
+            b = self.default_budget
+        return int(b if b is not None else self.profile.saturation_tokens)
 
-    def engine(self, label: str, *, check_every: int = 0) -> SimEngine:
+    def engine(self, label: str, *, check_every: int = 0, token_budget: int | None = None,
+               unlimited_kv_tokens: int | None = None) -> SimEngine:
+        """A fresh simulated engine for a policy label, at its token budget (or `token_budget`); the
+        bound's KV is the setting's `unlimited_kv_tokens` (or the one given)."""
         v = variant(label)
         s = self.setting
-        cfg = s.engine_config(v)
+        if unlimited_kv_tokens is not None:
+            s = dataclasses.replace(s, unlimited_kv_tokens=unlimited_kv_tokens)
+        budget = token_budget if token_budget is not None else self.budget(label)
+        cfg = s.engine_config(v, budget)
         usable = (cfg.num_kv_blocks or 1) - 1  # vLLM's block 0 is its null block
         slots = cfg.max_num_seqs
-        if v.unlimited_kv and self.unlimited_blocks:
-            # KV and a running slot for every context: paused sessions hold slots in vLLM, and a bound
-            # that ran out of slots would not be a bound.
-            usable, slots = self.unlimited_blocks, cfg.max_num_seqs + self.unlimited_slots
+        if v.unlimited_kv:
+            # A running slot for every context too, where asked: paused sessions hold slots in vLLM,
+            # and a bound that ran out of slots would not bound the paper-scale runs.
+            slots += self.unlimited_slots
         cfg = dataclasses.replace(cfg, profile=str(self.profile_path))
         core_cfg = CoreConfig.from_additional_config({ADDITIONAL_CONFIG_KEY: cfg.core_config()})
         m = self.profile.kv_bytes_per_token
         block_bytes = m * cfg.block_size  # type: ignore[operator]
         host_slots = int(cfg.swap_space_gib * 2**30) // block_bytes if policy_spec(v.policy).swap else 0
         pool = BlockPool(usable, cfg.block_size, policy_spec(v.policy).prefix_caching)  # type: ignore[arg-type]
-        sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len,
-                             token_budget=self.budget(label))
+        sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len, token_budget=budget)
 
         def factory(port: SimScheduler) -> Any:
             return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
-        return SimEngine(sched, factory, make_cost(self.profile, self.context_share), oracle=v.oracle, check_every=check_every,
+        return SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s), oracle=v.oracle, check_every=check_every,
                          frontend_s=self.frontend(),
-                         host_per_request_s=self.host_per_request_s)
+                         host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s)
 
 
 def write_scaled_priors(path: Path, time_scale: float) -> None:
@@ -126,8 +133,12 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def profile_from_bench(setting: Mapping[str, Any], fallback: str | Path | None = None) -> Profile:
-    """The profile a benchmark ran with: its file if the bench names one, else rebuilt from the
-    summary the bench records (`setting.profile`: T_fwd grid in ms, S, M, decode steps)."""
+    """The profile a benchmark ran with: the document the bench records (`setting.profile_data`, the
+    profile file's content), else its file if it is here, else the summary older runners recorded
+    (`setting.profile`: T_fwd grid in ms, S, M, decode steps)."""
+    data = setting.get("profile_data")
+    if isinstance(data, Mapping) and data.get("fwd_tokens"):
+        return Profile.from_dict(data)
     p = setting.get("profile")
     if isinstance(p, str) and Path(p).is_file():
         return Profile.load(p)

@@ -9,11 +9,12 @@ same workload distribution but other draws (the result says which)."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.workload import ShareGPT, Request, generate
+from benchmarks.workload import Request, ShareGPT, generate
 
 
 @functools.lru_cache(maxsize=2)
@@ -39,7 +40,14 @@ def _sharegpt_texts() -> tuple[str, ...]:
 def bench_workloads(workload: str, rates: Sequence[float], duration_s: float, seed: int, *, context_scale: float = 1.0,
                     max_context: int = 3500, sharegpt_model: str | None = None) -> tuple[dict[float, list[Request]], str]:
     """(requests per rate, how exact the replay is). `sharegpt_model`: the benchmark's model, whose
-    tokenizer encoded the ShareGPT prompts (None: the benchmark used none)."""
+    tokenizer encoded the ShareGPT prompts (None: the benchmark used none). Memoized (a validation's
+    fit replays the same workloads many times; callers copy what they change)."""
+    return _bench_workloads(workload, tuple(rates), duration_s, seed, context_scale, max_context, sharegpt_model)
+
+
+@functools.lru_cache(maxsize=4)
+def _bench_workloads(workload: str, rates: tuple[float, ...], duration_s: float, seed: int, context_scale: float,
+                     max_context: int, sharegpt_model: str | None) -> tuple[dict[float, list[Request]], str]:
     encode, texts, note = None, (), "synthetic prompts (as the benchmark without ShareGPT)"
     if sharegpt_model and workload in ("mixed", "chatbot"):
         texts = _sharegpt_texts()
@@ -48,6 +56,13 @@ def bench_workloads(workload: str, rates: Sequence[float], duration_s: float, se
             texts, note = (), "approximate: the ShareGPT package or the model's tokenizer is missing, other draws"
         else:
             note = f"exact: ShareGPT prompts tokenized with {sharegpt_model}'s tokenizer, as the benchmark drew them"
-    out = {r: generate(workload, r, duration_s, seed, context_scale=context_scale, max_context=max_context,
-                       encode=encode, sharegpt=list(texts) if texts else None) for r in rates}
+    out = {r: [lengths_only(q) for q in generate(workload, r, duration_s, seed, context_scale=context_scale,
+                                                 max_context=max_context, encode=encode, sharegpt=list(texts) if texts else None)]
+           for r in rates}
     return out, note
+
+
+def lengths_only(req: Request) -> Request:
+    """The simulator reads a prompt's length only: a `range` of it stands in for its token ids (a
+    paper-scale sweep's prompts would otherwise hold hundreds of MB of ints)."""
+    return dataclasses.replace(req, prompt=range(len(req.prompt)))  # type: ignore[arg-type]

@@ -72,3 +72,18 @@ def test_gptj_on_an_a100_is_weight_bound_when_decoding_and_compute_bound_in_pref
     assert cost.forward_s(StepLoad(32, 32, 32 * 2048, 32 * 2048)) > cost.forward_s(StepLoad(32, 32, 32 * 512, 32 * 512))
     assert gpu_profiles.GPTJ_6B.params == pytest.approx(6.05e9, rel=0.01)
     assert gpu_profiles.LLAMA2_70B.params == pytest.approx(69.0e9, rel=0.01)
+
+
+def test_a_chunk_attending_to_earlier_context_costs_the_grids_quadratic_term() -> None:
+    from benchmarks.sim.cost import attention_pair_s
+
+    # A grid that is exactly a + b n + k n (n + 1) / 2: the fit finds k.
+    k = 2e-8
+    grid = (64, 256, 512, 1024, 2048)
+    p = Profile(model="m", device="cpu", fwd_tokens=grid, fwd_seconds=tuple(0.002 + 1e-6 * n + k * n * (n + 1) / 2 for n in grid),
+                saturation_tokens=512, kv_bytes_per_token=1024, swap_out_bytes_per_s=1e9, swap_in_bytes_per_s=1e9)
+    assert attention_pair_s(p) == pytest.approx(k, rel=1e-6)
+    c = MeasuredCost(p)
+    # A 512-token chunk after 1024 tokens of context costs 512 x 1024 pairs more than a lone prompt of 512.
+    lone, chunk = StepLoad(512, 1, 0, 512 * 513 // 2), StepLoad(512, 1, 1024, 512 * 1024 + 512 * 513 // 2, 512 * 1024)
+    assert c.forward_s(chunk) - c.forward_s(lone) == pytest.approx(k * 512 * 1024)

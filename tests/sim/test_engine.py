@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks.replay import VARIANTS
 from benchmarks.sim.engine import SimEngine
+from benchmarks.sim.run import run_rate
+from engine_adapter.intercept.records import Fate
 from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
 
 
@@ -121,8 +124,7 @@ def test_vllm_preempts_the_newest_running_request_when_decode_runs_out_of_blocks
     assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks
 
 
-@pytest.mark.parametrize("policy", ["discard", "vllm-apc", "improved-discard", "preserve", "ttl", "swap", "infercept",
-                                    "infercept-paper", "oracle-duration"])
+@pytest.mark.parametrize("policy", list(VARIANTS))
 def test_every_policy_keeps_the_core_consistent_under_memory_pressure(tmp_path: Path, policy: str) -> None:
     # 40 blocks for 12 requests of ~300 tokens: paused contexts compete for memory and slots.
     bench = toy_bench(tmp_path, kv_tokens=640, max_num_seqs=6, profile=toy_profile(swap_bytes_per_s=2e6),
@@ -147,3 +149,65 @@ def test_the_cutoff_aborts_everything_in_flight(tmp_path: Path) -> None:
     assert len(left) == 4 and not eng.core.entries
     assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks and eng.sched.unfinished() == 0
     assert math.isclose(eng.now, 1.0)
+
+
+def test_chunked_discard_recomputes_a_paused_context_in_chunks_of_s(tmp_path: Path) -> None:
+    # S = 64 within a budget of 4096: improved-discard recomputes the 312-token context in one step,
+    # chunked-discard in ceil(312 / 64) = 5 (its prompt too: 300 tokens in 5 steps).
+    ends = {}
+    for policy in ("improved-discard", "chunked-discard"):
+        eng = toy_bench(tmp_path / policy, profile=toy_profile(saturation=64)).engine(policy, check_every=1)
+        sizes: list[int] = []
+        orig = eng.sched.schedule
+
+        def schedule(orig=orig, sizes=sizes):  # type: ignore[no-untyped-def]
+            out = orig()
+            sizes.append(out.load.tokens)
+            return out
+
+        eng.sched.schedule = schedule  # type: ignore[method-assign]
+        r = request("a", 300, [(2, 1.0, 10), (2, None, 0)])
+        eng.submit(r)
+        eng.run()
+        rec = eng.core.ledger.records[0]
+        assert rec.tokens_recomputed == rec.context_tokens == 301  # all of it: nothing survives a discard
+        ends[policy] = (eng.steps, r.end_s, max(sizes))
+    assert ends["improved-discard"][0] == 1 + 1 + 1 + 1 and ends["improved-discard"][2] == 312
+    assert ends["chunked-discard"][0] == 5 + 1 + 5 + 1 and ends["chunked-discard"][2] == 64
+    assert ends["chunked-discard"][1] == pytest.approx(12 * STEP_S + 1.0)
+
+
+def test_the_bound_never_runs_out_of_kv_and_its_waste_is_over_the_real_capacity(tmp_path: Path) -> None:
+    # 40 blocks for 12 requests of ~300 tokens: preserve runs out (demotes or preempts); the bound,
+    # with KV for every context at once (the runner's rule), never does.
+    def reqs() -> list:
+        return [request(f"r{i}", 250 + 7 * i, [(5, 0.5 + 0.1 * i, 16), (4, None, 0)], arrival=0.05 * i) for i in range(12)]
+
+    seen = {}
+    for policy in ("preserve", "unlimited-kv"):
+        bench = toy_bench(tmp_path / policy, kv_tokens=640, max_num_seqs=16)
+        bench.setting.unlimited_kv_tokens = sum(r.prompt_tokens + 5 + 16 + 4 for r in reqs())
+        eng = bench.engine(policy, check_every=1)
+        out = run_rate(eng, reqs(), drain_s=600.0, capacity_tokens=bench.setting.kv_tokens)
+        seen[policy] = out
+        assert out["completed"] == 12
+    assert seen["preserve"]["demoted"] + seen["preserve"]["preemptions"] > 0
+    bound = seen["unlimited-kv"]
+    assert (bound["demoted"], bound["preemptions"], bound["recomputed_tokens"], bound["discarded"]) == (0, 0, 0, 0)
+    # Waste shares of both over the same denominator: the real 640 tokens, not the bound's larger pool.
+    assert bound["capacity_tokens"] == seen["preserve"]["capacity_tokens"] == 640 and bound["pool_tokens"] > 640
+
+
+def test_swap_heuristic_keeps_short_calls_and_swaps_long_ones(tmp_path: Path) -> None:
+    # A 304-token context over 320 kB/s at 100 B/token: ~0.1 s out and ~0.1 s in. With the paper's
+    # elapsed-time estimate a call is swapped once it has run about as long as the copies take.
+    bench = toy_bench(tmp_path, profile=toy_profile(swap_bytes_per_s=320_000.0, saturation=4096))
+    eng = bench.engine("swap-heuristic", check_every=1)
+    eng.submit(request("short", 300, [(4, 0.03, 8), (3, None, 0)]))
+    eng.submit(request("long", 300, [(4, 3.0, 8), (3, None, 0)], arrival=0.001))
+    eng.submit(request("bg", 50, [(600, None, 0)]))  # keeps the engine stepping through the calls
+    eng.run()
+    recs = {rec.request_id: rec for rec in eng.core.ledger.records}
+    assert len(eng.finished) == 3
+    assert recs["short"].kv_fate is Fate.PRESERVE and recs["short"].tokens_recomputed == 0
+    assert recs["long"].kv_fate is Fate.SWAP and recs["long"].tokens_swapped_in == recs["long"].context_tokens // 16 * 16

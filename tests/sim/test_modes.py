@@ -4,11 +4,13 @@ the closed-loop capacity search, and `infercept simulate --quick` (what CI runs)
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from benchmarks.replay import REPO, Setting
 from benchmarks.sim.capacity import ClosedLoop, request_pool, sessions_at_slo
 from benchmarks.sim.paper import PaperRun
 from benchmarks.sim.sweep import sweep
@@ -29,52 +31,80 @@ def _strip(x: Any) -> Any:
 def test_the_simulator_is_deterministic_for_a_seed(tmp_path: Path) -> None:
     def once(sub: str) -> dict[str, Any]:
         run = PaperRun(rates=(4.0,), duration_s=25.0, drain_s=40.0, policies=("vllm-apc", "swap", "ttl", "infercept"))
-        res = sweep(run.bench(tmp_path / sub), list(run.policies), [4.0], 25.0, [7], calibrate_label="ttl", verbose=False)
+        res = sweep(run.bench(tmp_path / sub), list(run.policies), [4.0], 25.0, [7], verbose=False)
         return json.loads(json.dumps(_strip(res), default=str))
 
     a, b = once("a"), once("b")
+    for x in (a, b):
+        x["setting"].pop("priors_path")  # each run's own temporary folder
     assert a == b
-    assert a["results"]["swap"]["4"]["swapped_out_tokens"] > 0 and a["results"]["infercept"]["4"]["intercepts"] > 0
-    assert a["headline"]["infercept"]["max_rate_at_slo"] > 0
+    assert a["results"]["swap"]["7"]["4"]["swapped_out_tokens"] > 0 and a["results"]["infercept"]["7"]["4"]["intercepts"] > 0
+    assert a["headline"]["ttl"]["max_rate_at_slo"] == 4.0 and a["headline"]["ttl"]["censored"]  # within the SLO
+    assert set(a["headline"]["ttl"]) >= {"max_rate_min", "max_rate_max", "max_rate_by_seed", "ratio_vs_discard", "jct_mean_s"}
     other = PaperRun(rates=(4.0,), duration_s=25.0, drain_s=40.0, policies=("ttl",))
-    c = sweep(other.bench(tmp_path / "c"), ["ttl"], [4.0], 25.0, [8], calibrate_label="ttl", verbose=False)
-    assert c["results"]["ttl"]["4"]["normalized_latency_s"] != a["results"]["ttl"]["4"]["normalized_latency_s"]
+    c = sweep(other.bench(tmp_path / "c"), ["ttl"], [4.0], 25.0, [8], verbose=False)
+    assert c["results"]["ttl"][8]["4"]["normalized_latency_s"] != a["results"]["ttl"]["7"]["4"]["normalized_latency_s"]
 
 
 def fake_bench(path: Path) -> Path:
-    """A bench.json in the committed runner's format, with made-up measurements."""
-    runs = {p: {r: {"rate": float(r), "normalized_latency_s": {"median": m, "p90": 2 * m}, "completed": 5, "requests": 5}
-                for r, m in zip(("2", "4"), ms)} for p, ms in (("discard", (0.01, 0.05)), ("infercept", (0.008, 0.02)))}
+    """A bench.json in the current runner's format (`infercept bench`), with made-up measurements: two
+    seeds, per-policy token budgets (discard tuned to vLLM's default), the SLO from the bench."""
+    def runs(ms: tuple[float, float]) -> dict[str, Any]:
+        return {r: {"rate": float(r), "normalized_latency_s": {"median": m, "p90": 2 * m}, "completed": 5, "requests": 5}
+                for r, m in zip(("2", "4"), ms)}
+
+    labels = ["discard", "infercept", "unlimited-kv"]
+    lat = {"discard": (0.01, 0.05), "infercept": (0.008, 0.02), "unlimited-kv": (0.006, 0.01)}
+    prof = json.loads((REPO / "configs" / "profiles" / "tiny-cpu-bench.json").read_text())
+    setting = asdict(Setting(kv_tokens=8192, max_num_seqs=16, swap_space_gib=0.1, time_scale=0.1, drain_s=20.0))
     bj = {
-        "command": "infercept bench --quick", "commit": "x", "workload": "qa", "rates": [2.0, 4.0], "duration_s": 4.0, "seed": 3,
-        "policies": ["discard", "infercept"],
-        "setting": {"model": "tiny", "block_size": 32, "kv_tokens": 8192, "max_model_len": 4096, "max_num_seqs": 16,
-                    "swap_space_gib": 0.1, "swap_link_gbps": 0.25, "time_scale": 0.1, "drain_s": 20.0, "sharegpt_prompts": 0,
-                    "profile": {"t_fwd_ms": {"64": 2.0, "512": 4.0, "2048": 40.0}, "saturation_tokens": 512,
-                                "kv_bytes_per_token": 1024, "decode": {"batch1_ctx512_s": 0.004, "batch8_ctx512_s": 0.006}}},
-        "slo": {"slo_factor": 5.0, "slo_normalized_latency_s": 0.025, "unloaded_normalized_latency_s": 0.005},
-        "headline": {"discard": {"max_rate_at_slo": 3.0}, "infercept": {"max_rate_at_slo": 4.0}},
-        "results": runs,
+        "command": "infercept bench --seeds 3,4 --rates 2,4", "commit": "abc123", "workload": "qa", "rates": [2.0, 4.0],
+        "duration_s": 4.0, "seeds": [3, 4], "policies": labels,
+        "token_budget": {"discard": 2048, "infercept": 512, "unlimited-kv": 512}, "token_budget_default": 512,
+        "baselines_tuned": True, "setting": setting | {"unlimited_kv_tokens": 60000, "profile_data": prof},
+        "requests_per_rate": {}, "engines": {},
+        "slo": {"slo_factor": 5.0, "unloaded_normalized_latency_s": 0.005, "slo_normalized_latency_s": 0.025},
+        "headline": {"discard": {"max_rate_at_slo": 3.0, "max_rate_min": 2.9, "max_rate_max": 3.1},
+                     "infercept": {"max_rate_at_slo": 4.0, "max_rate_min": 4.0, "max_rate_max": 4.0},
+                     "unlimited-kv": {"max_rate_at_slo": 4.0, "max_rate_min": 4.0, "max_rate_max": 4.0}},
+        "bound_violations": [],
+        "results": {lab: {"3": runs(lat[lab]), "4": runs(lat[lab])} for lab in labels},
     }
     path.write_text(json.dumps(bj))
     return path
 
 
-def test_validation_replays_the_bench_setting_and_reports_relative_errors(tmp_path: Path) -> None:
+def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_path: Path) -> None:
     v = validate(fake_bench(tmp_path / "bench.json"), verbose=False)
-    assert set(v["policies"]) == {"discard", "infercept"} and v["seeds"] == [3] and v["rates"] == [2.0, 4.0]
+    assert set(v["policies"]) == {"discard", "infercept", "unlimited-kv"} and v["seeds"] == [3, 4] and v["rates"] == [2.0, 4.0]
+    # Each policy at its own budget from the bench; the bench's SLO judges the simulated curves.
+    assert v["token_budget"] == {"discard": 2048, "infercept": 512, "unlimited-kv": 512}
+    assert v["slo"]["measured_s"] == 0.025 and v["setting"]["unlimited_kv_tokens"] == 60000
+    assert v["setting"]["kv_tokens"] == 8192 and v["setting"]["max_num_seqs"] == 16
+    assert v["bench_commit"] == "abc123" and v["bench"].endswith("bench.json")
     for lab, p in v["policies"].items():
         assert p["rel_error"] == pytest.approx((p["simulated"] - p["measured"]) / p["measured"])
-        assert set(v["per_rate"][lab]) == {"2", "4"}
-        assert v["per_rate"][lab]["2"]["measured"]["median_normalized_latency_s"] in (0.01, 0.008)
-    assert v["slo"]["calibrated_on"] == "discard"  # the first runner calibrated on its first policy
+        assert p["token_budget"] == v["token_budget"][lab]
+        assert set(v["per_rate"][lab]) == {"3/2", "3/4", "4/2", "4/4"}
+        assert v["per_rate"][lab]["3/2"]["measured"]["median_normalized_latency_s"] == {"discard": 0.01, "infercept": 0.008, "unlimited-kv": 0.006}[lab]
+    assert v["simulated_headline"]["infercept"]["max_rate_at_slo"] == v["policies"]["infercept"]["simulated"]
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
-    assert v["token_budget"] == {"discard": 2048, "infercept": 2048}
-    # The host time per held request per step is fitted on discard alone, from a grid that includes 0.
+    # The host time per held request per step is fitted on discard alone (its latencies over every run),
+    # from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
     fit = v["cost_model"]["host_fit"]
     assert fit["fitted_on"] == "discard" and fit["trials"][0]["host_per_request_s"] == 0.0
     assert v["cost_model"]["host_per_request_s"] == fit["host_per_request_s"]
-    assert abs(v["policies"]["discard"]["rel_error"]) == min(abs(t["rel_error"]) for t in fit["trials"])
+    best = min(t["latency_log_error"] for t in fit["trials"])
+    assert next(t for t in fit["trials"] if t["host_per_request_s"] == fit["host_per_request_s"])["latency_log_error"] == best
+    step = v["cost_model"]["step_overhead_fit"]
+    assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
+
+
+def test_validation_refuses_a_bench_json_of_the_old_runner(tmp_path: Path) -> None:
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"seed": 3, "rates": [2.0], "policies": ["discard"], "setting": {}, "slo": {}, "headline": {}, "results": {}}))
+    with pytest.raises(ValueError, match="current runner"):
+        validate(old, verbose=False, fit_on=None)
 
 
 def test_closed_loop_sessions_run_one_request_at_a_time(tmp_path: Path) -> None:
@@ -104,5 +134,6 @@ def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(build_parser().parse_args(["--quick", "--out", str(out)])) == 0
     res = json.loads(out.read_text())
     assert set(res["headline"]) == {"discard", "vllm-apc", "infercept", "unlimited-kv"}
-    assert res["headline"]["infercept"]["max_rate_at_slo"] >= res["headline"]["discard"]["max_rate_at_slo"]
+    assert res["bound_violations"] == []  # no policy beats the bound (the bench's own check)
+    assert all(res["token_budget"][lab] == res["setting"]["saturation_tokens"] for lab in res["headline"])  # S for all
     assert "max rate@SLO" in capsys.readouterr().out
