@@ -170,6 +170,9 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
             "measured": measured, "simulated": sim, "rel_error": (sim - measured) / measured if measured else None,
             "measured_min_max": [mh.get("max_rate_min"), mh.get("max_rate_max")],
             "simulated_min_max": [res["headline"][lab]["max_rate_min"], res["headline"][lab]["max_rate_max"]],
+            # Per seed: where the median is 0 (discard here) the relative error is undefined; these say how far off.
+            "measured_by_seed": mh.get("max_rate_by_seed"),
+            "simulated_by_seed": res["headline"][lab].get("max_rate_by_seed"),
             "censored": {"measured": mh.get("censored"), "simulated": res["headline"][lab]["censored"]},
             "token_budget": sb.budget(lab),
             # The simulator's curve against its own calibration of the SLO (separates the latency
