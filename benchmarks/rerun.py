@@ -3,7 +3,10 @@ results and recompute the headline (after a fix to one policy, or to put every p
 period of a noisy machine). `--slo` measures the SLO's reference again first (on the bound's engine,
 requests one at a time, as the runner does). Every re-run is recorded under `reruns` with its commit.
 
-    python -m benchmarks.rerun results/bench/bench.json infercept [--slo]
+    python -m benchmarks.rerun results/bench/bench.json infercept [--slo] [--token-budget N]
+
+`--token-budget N` runs the named policies at N tokens per iteration instead of their recorded budget (e.g. the
+bound at InferCept's S, the budget issue 12 asks the bound to share); the new budget is recorded in `token_budget`.
 """
 import asyncio
 import json
@@ -20,6 +23,9 @@ from benchmarks.runner import Plan, git_commit, make_workloads
 async def main():
     path, labels = Path(sys.argv[1]), sys.argv[2].split(",")
     b = json.loads(path.read_text())
+    if "--token-budget" in sys.argv:
+        budget = int(sys.argv[sys.argv.index("--token-budget") + 1])
+        b["token_budget"].update({label: budget for label in labels})
     s = Setting(**{k: v for k, v in b["setting"].items() if k in Setting.__dataclass_fields__})
     s.priors_path = str(path.parent / "priors_scaled.yaml")
     plan = Plan(workload=b["workload"], labels=labels, rates=b["rates"], duration_s=b["duration_s"], seeds=b["seeds"],
@@ -48,7 +54,7 @@ async def main():
     b["bound_violations"] = bound_violations(b["headline"])
     b.setdefault("reruns", []).append({"policies": labels, "commit": git_commit(), "elapsed_s": time.time() - t0,
         "command": "python -m benchmarks.rerun " + " ".join(sys.argv[1:]), "slo_remeasured": "--slo" in sys.argv,
-        })
+        "token_budget": {label: b["token_budget"][label] for label in labels}})
     path.write_text(json.dumps(b, indent=2, default=lambda o: None if o == float("inf") else str(o)))
     b["plots"] = plots(b, path.parent)
     print(json.dumps({k: {kk: v[kk] for kk in ("max_rate_at_slo", "max_rate_min", "max_rate_max", "ratio_vs_discard", "ratio_vs_vllm-apc", "ratio_vs_ttl", "ratio_vs_bound", "waste_share_at_slo_rate")} for k, v in b["headline"].items()}, indent=1))

@@ -57,6 +57,12 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(config.stash[_EXIT])
+    if _EXIT in config.stash:
+        # Chasing the crash: pytest's faulthandler plugin has just switched faulthandler off; switch it
+        # back on (every thread's stack) so a fault during finalization says which thread and library.
+        import faulthandler
+
+        faulthandler.enable(file=sys.__stderr__, all_threads=True)
 
 
 _EXIT = pytest.StashKey[int]()
