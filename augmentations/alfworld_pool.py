@@ -41,6 +41,52 @@ SPLIT_DIR = Path("json_2.1.1") / "train"
 GENERATOR_VERSION = 2  # bump when generated tasks change, so cached pools are rebuilt
 
 
+class _PlannerLibs:
+    """Fast Downward libraries for ALFWorld games, lent out and taken back instead of unloaded.
+
+    TextWorld's PddlEnv loads its own copy of libdownward.so (33 MB; copies because the planner keeps global
+    state) and never unloads it: ~3-9 MB leaked per game. Unloading it (`fast_downward.close_lib`, dlclose)
+    is worse: the library registers an `on_exit` handler and signal handlers (SIGABRT, SIGTERM, SIGINT,
+    SIGSEGV, SIGXCPU) that glibc keeps after the dlclose, so the process jumped into unmapped code when it
+    exited (the test suite's process segfaulted after its summary). So a game borrows a library here and
+    gives it back, planner state cleared, when it closes: as many copies as games ever ran at once, each
+    loaded once and never unloaded."""
+
+    def __init__(self) -> None:
+        self._free: list[Any] = []
+        self._lock = threading.Lock()
+        self._original: Any = None
+
+    def install(self) -> None:
+        """Make TextWorld's `fast_downward.load_lib()` borrow from here (idempotent)."""
+        import fast_downward
+
+        with self._lock:
+            if self._original is None:
+                self._original = fast_downward.load_lib
+                fast_downward.load_lib = self.borrow
+
+    def borrow(self) -> Any:
+        with self._lock:
+            if self._free:
+                return self._free.pop()
+        return self._original()
+
+    def give_back(self, lib: Any) -> None:
+        with self._lock:
+            if any(free is lib for free in self._free):
+                return  # given back already: lending one copy to two games would mix their planners
+            lib.cleanup()  # the planner's task and search state; the next game's reset loads its own
+            self._free.append(lib)
+
+    @property
+    def idle(self) -> int:
+        return len(self._free)
+
+
+PLANNER_LIBS = _PlannerLibs()
+
+
 def alfworld_env(expert: bool = False) -> Any:
     """ALFWorld's TextWorld-PDDL environment as alfworld-generate builds it: TextWorld's PddlEnv under
     ALFWorld's AlfredDemangler ("cabinet 3") and AlfredInfos wrappers (+ AlfredExpert for the expert)."""
@@ -53,18 +99,17 @@ def alfworld_env(expert: bool = False) -> Any:
     )
     from textworld.envs import PddlEnv
 
+    PLANNER_LIBS.install()
     infos = textworld.EnvInfos(admissible_commands=True, won=True, extras=["gamefile"])
     env = AlfredInfos(AlfredDemangler(PddlEnv(infos), shuffle=False))
     return AlfredExpert(env, expert_type=AlfredExpertType.HANDCODED) if expert else env
 
 
 def close_env(env: Any) -> None:
-    """Close the environment and unload its Fast Downward library: every PddlEnv loads its own copy of
-    libdownward.so (33 MB) and TextWorld never unloads it, which leaked ~3-9 MB per game started."""
-    from fast_downward import close_lib
-
+    """Close the environment and give its Fast Downward library back for the next game (see
+    `_PlannerLibs`: never unloaded)."""
     env.close()
-    close_lib(env.unwrapped.downward_lib)
+    PLANNER_LIBS.give_back(env.unwrapped.downward_lib)
 
 
 def expert_walkthrough(game_file: Path, max_steps: int = 150) -> list[str] | None:

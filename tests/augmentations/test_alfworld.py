@@ -5,7 +5,10 @@ observation below comes from the engine."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -193,3 +196,33 @@ def test_bad_settings() -> None:
         ALFWorld(task_types=["juggle"])
     with pytest.raises(ValueError, match="positive"):
         ALFWorld(tasks_per_type=0)
+
+
+EXIT_SCRIPT = """
+import sys
+from augmentations.alfworld_pool import alfworld_env, close_env
+
+game = sys.argv[1]  # Fast Downward's translator rewrites sys.argv while it plans
+libs = []
+for _ in range(2):
+    env = alfworld_env()
+    env.load(game)
+    env.reset()
+    libs.append(env.unwrapped.downward_lib)
+    close_env(env)
+    close_env(env)  # twice: still one copy in the free list
+assert libs[0] is libs[1], "the second game loaded a new Fast Downward library instead of reusing the first"
+print("played", flush=True)
+"""
+
+
+def test_a_process_that_played_games_exits_cleanly(pool: dict[str, Path]) -> None:
+    """Fast Downward registers an on_exit handler and signal handlers; once its library was unloaded after a
+    game, the process segfaulted at exit (the test suite's own process did, after its summary). Games now
+    borrow a library and give it back: the process exits normally, through interpreter finalization."""
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, "-c", EXIT_SCRIPT, str(pool["pick_and_place_simple"])], cwd=repo, env=env,
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, (proc.returncode, proc.stderr[-3000:])
+    assert "played" in proc.stdout
