@@ -165,6 +165,7 @@ def bound_violations(head: Mapping[str, Mapping[str, Any]], tolerance: float = 0
     """Policies that beat the bound by more than `tolerance` on the headline metric: then the benchmark
     is wrong, not the policy (a bound must bound)."""
     bound = head.get(BOUND, {}).get("max_rate_at_slo")
-    if not bound:
+    if bound is None:
         return []
+    # A bound of 0 (over the SLO at the lowest rate) is beaten by any policy that meets it somewhere.
     return [label for label, h in head.items() if label != BOUND and h["max_rate_at_slo"] > bound * (1 + tolerance)]

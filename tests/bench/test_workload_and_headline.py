@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from benchmarks.metrics import Outcome, bound_violations, headline, max_rate_at_slo, summarize
+from benchmarks.metrics import BOUND, Outcome, bound_violations, headline, max_rate_at_slo, summarize
 from benchmarks.replay import ABLATION, VARIANTS
 from benchmarks.workload import ShareGPT, generate, load_table1
 
@@ -81,6 +81,8 @@ def test_headline_over_seeds_ratios_and_the_bound() -> None:
     assert bound_violations(head) == []
     per["infercept"] = {1: runs((1, 0.001), (8, 0.002))}
     assert bound_violations(headline(per, slo_s=0.05)) == ["infercept"]  # beats the bound: the bench is wrong
+    per[BOUND] = {1: runs((1, 0.06), (2, 0.08))}  # the bound misses the SLO at its lowest rate: 0 req/s
+    assert bound_violations(headline(per, slo_s=0.05)) == ["discard", "vllm-apc", "ttl", "infercept"]
 
 
 def test_summary_accounts_for_every_request_and_one_denominator() -> None:
