@@ -24,6 +24,11 @@ class EngineDead(EngineError):
     """The engine-core process died under a turn (the gateway restarts the engine)."""
 
 
+class RequestFailed(EngineError):
+    """vLLM ended the turn's request with an error of its own (finish reason `error`: e.g. the turn's
+    structured-output grammar did not compile); the session stays usable."""
+
+
 class SessionBusy(EngineError):
     pass
 

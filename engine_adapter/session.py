@@ -13,6 +13,7 @@ from engine_adapter.events import (
     ContextTooLong,
     EngineDead,
     EngineError,
+    RequestFailed,
     Resumed,
     SessionBusy,
     SessionClosed,
@@ -183,6 +184,12 @@ class Session:
             self.history.extend(out_ids)
             yield TurnEnd("aborted", None, text, out_ids, len(self.history))
             return
+        if reason == "error":
+            # Not a normal end: reporting it as `stop` would hand the client an empty, silent turn.
+            self._drop_request(abort=False)
+            self.history.extend(out_ids)
+            raise RequestFailed("the engine failed this turn's request (finish reason 'error'; e.g. its "
+                                "structured-output grammar did not compile): see the engine log")
         call = None
         if reason == "stop" and isinstance(comp.stop_reason, str):
             call = find_call(self.engine.config.triggers, comp.stop_reason, text)
