@@ -60,6 +60,12 @@ class InterceptEngine:
         # vLLM's CPU backend sizes its KV cache from this variable (whole GiB), read in the engine
         # core, which inherits our environment. On GPU it is ignored.
         os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(self.config.kv_cache_gib)))
+        # vLLM gives up on a structured-output grammar that takes longer than this to compile (5 s by
+        # default, a guard against hostile client regexes). Ours are built by the gateway from tool names,
+        # never taken from clients, and the ReAct step's took 4.3 s on a loaded 2-core machine (cached
+        # after the first use): past the default, a doubly loaded machine failed the turn. A user's own
+        # setting wins.
+        os.environ.setdefault("VLLM_REGEX_COMPILATION_TIMEOUT_S", "60")
         args = engine_args(self.config, self.model_path)
         # Building the engine blocks for as long as the engine core takes to start (seconds to
         # minutes): off the event loop, so that the process keeps serving (health checks answer

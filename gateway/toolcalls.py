@@ -63,18 +63,13 @@ def json_args_to_text(args: str) -> str:
 def react_step_regex(tools: Sequence[str]) -> str:
     """One ReAct step, nothing else: a thought, then a call of one of `tools` or the answer. Used as the
     structured output of every model turn of a message that asks for `format: react`, so the model can
-    neither invent an observation nor drift out of the format.
-
-    Unbounded repeats (`+`), not `{1,200}`: vLLM compiles each pattern under a 5 s wall-clock limit
-    (`VLLM_REGEX_COMPILATION_TIMEOUT_S`), and xgrammar took 4.3 s for the bounded form on a loaded 2-core
-    machine (0.03 s for this one); past the limit the grammar failed and the turn came back empty. A
-    turn's length is bounded by max_tokens anyway."""
-    line = r"[^\n]+"
+    neither invent an observation nor drift out of the format."""
+    line = r"[^\n]{1,200}"
     answer = rf"Answer: {line}"
     if not tools:
         return rf"Thought: {line}\n{answer}"
     alts = "|".join(re.escape(n) for n in tools)
-    return rf"Thought: {line}\n(Action: ({alts})\[[^\n\]\[]+\]|{answer})"
+    return rf"Thought: {line}\n(Action: ({alts})\[[^\n\]\[]{{1,200}}\]|{answer})"
 
 
 def choice_regex(tool_choice: ToolChoice, tools: Sequence[str]) -> str | None:

@@ -408,7 +408,7 @@ async def test_format_react_constrains_every_turn_to_one_step(served: Served, se
         elif ev.name in ("tool_call", "done"):
             turns.append(text)
             text = ""
-    step = re.compile(r"Thought: [^\n]+\n(Action: Calculator\[[^\n\]\[]+\]|Answer: [^\n]+)")
+    step = re.compile(r"Thought: [^\n]{1,200}\n(Action: Calculator\[[^\n\]\[]{1,200}\]|Answer: [^\n]{1,200})")
     assert turns and all(step.fullmatch(t) for t in turns), turns
     assert "Observation:" not in "".join(turns)
     r = await c.http.post(f"/v1/sessions/{s.id}/messages", json={"content": "x", "format": "json"},
