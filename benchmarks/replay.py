@@ -73,7 +73,8 @@ class Setting:
         tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
         return EngineConfig(
             model=self.model, policy=v.policy, dtype=self.dtype, block_size=self.block_size,
-            num_kv_blocks=-(-tokens // self.block_size) + 1,  # + vLLM's null block, which holds no KV max_model_len=self.max_model_len,
+            num_kv_blocks=-(-tokens // self.block_size) + 1,  # + vLLM's null block, which holds no KV
+            max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs, max_num_batched_tokens=token_budget, swap_space_gib=self.swap_space_gib,
             swap_link_gbps=self.swap_link_gbps, estimator=v.estimator or "prior",
             kv_cache_gib=max(1.0, math.ceil(tokens * self.kv_bytes_per_token * 1.1 / 2**30)),
