@@ -79,10 +79,6 @@ class _PlannerLibs:
             lib.cleanup()  # the planner's task and search state; the next game's reset loads its own
             self._free.append(lib)
 
-    @property
-    def idle(self) -> int:
-        return len(self._free)
-
 
 PLANNER_LIBS = _PlannerLibs()
 

@@ -28,7 +28,7 @@ def register() -> None:
     """The entry point vLLM calls in each of its processes."""
     try:
         from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-    except Exception:  # a vLLM build without the CPU runner: nothing to fix
+    except ImportError:  # a vLLM build without the CPU runner: nothing to fix
         return
     patch_cpu_runner(CPUModelRunner)
 
@@ -56,11 +56,10 @@ def patch_cpu_runner(cls: type) -> None:
     orig_bookkeeping = cls._bookkeeping_sync
 
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
-        saved = {i: g.get_state() for i, g in discarded_cpu_generators(self).items()}
+        saved = [(g, g.get_state()) for g in discarded_cpu_generators(self).values()]
         out = orig_sample(self, logits, spec_decode_metadata)
-        for i, g in discarded_cpu_generators(self).items():
-            if i in saved:
-                g.set_state(saved[i])  # as if the discarded token had not been sampled
+        for g, state in saved:
+            g.set_state(state)  # as if the discarded token had not been sampled
         return out
 
     def _bookkeeping_sync(self: Any, *args: Any, **kwargs: Any) -> Any:
