@@ -60,11 +60,15 @@ class ServerProcess:
             except Exception as e:
                 raise RuntimeError(f"{self.command} not ready: {e}; log tail:\n{self.log_tail()}") from e
 
-    def log_tail(self, chars: int = 3000) -> str:
+    def log_text(self) -> str:
+        """Everything the server has logged so far."""
         try:
-            return self.log.read_text(errors="replace")[-chars:]
+            return self.log.read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_text()[-chars:]
 
     def engine_pids(self) -> list[int]:
         """The server's descendants (vLLM's engine core and its worker, the resource tracker)."""
