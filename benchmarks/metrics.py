@@ -12,8 +12,28 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+
+@dataclass
+class Turn:
+    """One turn of a request (a prompt or a call's return, then decoding up to the next pause): where a
+    request's engine time goes. Times in seconds; `sent_s` from the run's start."""
+
+    rid: int
+    aug_type: str
+    index: int  # 0: the request's first turn (admission); > 0: a resume after a call
+    in_tokens: int
+    out_tokens: int
+    sent_s: float
+    first_s: float  # from sending the turn to its first token (the turn's end if it produced none)
+    total_s: float  # from sending the turn to its end
+
+    @property
+    def decode_per_token_s(self) -> float | None:
+        """Decode time per token after the first one; None for a turn of one token or none."""
+        return (self.total_s - self.first_s) / (self.out_tokens - 1) if self.out_tokens > 1 else None
 
 
 @dataclass
@@ -26,6 +46,7 @@ class Outcome:
     call_s: float = 0.0
     output_tokens: int = 0
     error: str | None = None
+    turns: list[Turn] = field(default_factory=list)
 
     @property
     def normalized_latency(self) -> float | None:
@@ -46,6 +67,22 @@ def pct(xs: Iterable[float], q: float) -> float | None:
     k = (len(xs) - 1) * q
     lo, hi = int(k), min(len(xs) - 1, int(k) + 1)
     return xs[lo] + (xs[hi] - xs[lo]) * (k - lo)
+
+
+def turn_timing(turns: Iterable[Turn]) -> dict[str, Any]:
+    """Where turn time goes: new requests' first token (admission, queueing for memory included), resumed
+    turns' first token (the resume: preserved, swapped in or recomputed), and decode time per token after
+    the first (which grows with batch size on a CPU). Medians and p90s in seconds."""
+    turns = list(turns)
+    new = [t.first_s for t in turns if t.index == 0]
+    resume = [t.first_s for t in turns if t.index > 0]
+    decode = [d for d in (t.decode_per_token_s for t in turns) if d is not None]
+    out = sum(t.out_tokens for t in turns)
+    return {"turns": len(turns),
+            "new_first_token_s": {"median": pct(new, 0.5), "p90": pct(new, 0.9)},
+            "resume_first_token_s": {"median": pct(resume, 0.5), "p90": pct(resume, 0.9)},
+            "decode_per_token_s": {"median": pct(decode, 0.5), "p90": pct(decode, 0.9)},
+            "turn_time_per_output_token_s": sum(t.total_s for t in turns) / out if out else None}
 
 
 def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mapping[str, Any], wall_s: float,
@@ -74,6 +111,7 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "normalized_latency_s": {"median": pct(nl, 0.5), "p90": pct(nl, 0.9), "mean": statistics.fmean(nl) if nl else None},
         "jct_s": {"mean": statistics.fmean(jct) if jct else None, "p90": pct(jct, 0.9)},
         "ttft_s": {"median": pct(ttft, 0.5), "p90": pct(ttft, 0.9)},
+        "turn_timing": turn_timing(t for o in outs for t in o.turns),
         "throughput_rps": len(done) / span if span > 0 else 0.0,
         "wall_s": wall_s,
         "waste": waste,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.metrics import BOUND, Outcome, pct, summarize
+from benchmarks.metrics import BOUND, Outcome, Turn, pct, summarize
 from benchmarks.workload import Request, load_table1, random_tokens
 from engine_adapter.policy.table import DEFAULT_TTL_S, POLICY_NAMES
 
@@ -98,13 +98,19 @@ async def replay(engine: Any, req: Request, v: Variant, s: Setting, t0: float, o
     try:
         tokens: list[int] = list(req.prompt)
         steps = [(c.decode_tokens, c) for c in req.calls] + [(req.final_decode_tokens, None)]
-        for decode, call in steps:
+        for i, (decode, call) in enumerate(steps):
+            sent, first, n = time.monotonic(), None, 0
             async for ev in session.turn(tokens, max_tokens=decode):
                 if isinstance(ev, TokenDelta):
+                    if first is None:
+                        first = time.monotonic()
                     if out.first_token_s is None:
-                        out.first_token_s = time.monotonic()
+                        out.first_token_s = first
                 elif isinstance(ev, TurnEnd):
-                    out.output_tokens += len(ev.token_ids)
+                    n = len(ev.token_ids)
+                    out.output_tokens += n
+            end = time.monotonic()
+            out.turns.append(Turn(req.rid, req.aug_type, i, len(tokens), n, sent - t0, (first or end) - sent, end - sent))
             if call is None:
                 break
             duration = 0.0 if v.zero_calls else call.duration_s * s.time_scale
@@ -140,6 +146,7 @@ class EngineRun:
         from engine_adapter.engine import InterceptEngine
 
         self.v, self.s, self.token_budget = v, s, token_budget
+        self.outcomes: list[Outcome] = []  # the last run's, per request (with per-turn timing)
         self.engine = InterceptEngine(s.engine_config(v, token_budget))
 
     async def __aenter__(self) -> EngineRun:
@@ -164,7 +171,7 @@ class EngineRun:
         arrival are cut off (and counted with a lower bound of their latency)."""
         engine, s = self.engine, self.s
         stats0 = dataclasses.asdict(await engine.stats())
-        outs = [Outcome(r.rid, r.aug_type, r.arrival_s) for r in reqs]
+        outs = self.outcomes = [Outcome(r.rid, r.aug_type, r.arrival_s) for r in reqs]
         t0 = time.monotonic() + 0.05
         tasks = [asyncio.create_task(replay(engine, r, self.v, s, t0, o)) for r, o in zip(reqs, outs)]
         last_arrival = max((r.arrival_s for r in reqs), default=0.0)

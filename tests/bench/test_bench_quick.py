@@ -45,6 +45,10 @@ def test_quick_bench_writes_complete_results(tmp_path: Path) -> None:
             assert k in run
         assert run["capacity_tokens"] == d["setting"]["kv_tokens"]  # one denominator for every policy
         assert set(run["waste"]) == {"preserved_idle", "recompute", "swap_stall"}
+        # Every turn a request ran is timed: at least one per request that got its first token.
+        tt = run["turn_timing"]
+        assert tt["turns"] >= run["completed"] > 0 and tt["decode_per_token_s"]["median"] > 0
+        assert tt["new_first_token_s"]["median"] > 0 and tt["resume_first_token_s"]["median"] is not None
     for png in d["plots"]:
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert d["plots"] == ["fig2_latency_vs_rate.png"]  # the ablation figure needs --ablation

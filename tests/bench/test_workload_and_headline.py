@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from benchmarks.metrics import BOUND, Outcome, bound_violations, headline, max_rate_at_slo, summarize
+from benchmarks.metrics import BOUND, Outcome, Turn, bound_violations, headline, max_rate_at_slo, summarize, turn_timing
 from benchmarks.replay import ABLATION, VARIANTS
 from benchmarks.workload import ShareGPT, generate, load_table1
 
@@ -100,6 +100,21 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     assert out["jct_s"]["mean"] == pytest.approx((3.0 + 5.0) / 2)
     assert out["waste_share_of_capacity_time"] == pytest.approx(150 / (1000 * 10))
     assert out["recompute_share_of_forward"] == pytest.approx(0.25) and out["intercepts"] == 3
+
+
+def test_turn_timing_splits_admission_resume_and_decode() -> None:
+    turns = [Turn(0, "qa", 0, 100, 11, 0.0, first_s=0.5, total_s=1.5),  # admitted after 0.5 s, 10 tokens in 1 s
+             Turn(0, "qa", 1, 20, 5, 3.0, first_s=0.1, total_s=0.5),  # resumed in 0.1 s, 4 tokens in 0.4 s
+             Turn(1, "qa", 0, 100, 1, 0.2, first_s=2.0, total_s=2.0)]  # one token: no decode rate
+    tt = turn_timing(turns)
+    assert tt["turns"] == 3
+    assert tt["new_first_token_s"]["median"] == pytest.approx(1.25) and tt["resume_first_token_s"]["median"] == pytest.approx(0.1)
+    assert tt["decode_per_token_s"]["median"] == pytest.approx(0.1)  # both 0.1 s/token
+    assert tt["turn_time_per_output_token_s"] == pytest.approx(4.0 / 17)
+    # And a run's summary carries them over every request's turns.
+    stats = {"waste": {"by_kind": {}, "forward_s": 0.0, "recompute_forward_s": 0.0, "swap_stall_s": 0.0}, "totals": {}}
+    outs = [Outcome(0, "qa", 0.0, end_s=4.0, output_tokens=16, turns=turns[:2]), Outcome(1, "qa", 0.2, turns=turns[2:])]
+    assert summarize(outs, stats, stats, wall_s=5.0, cutoff_s=5.0, capacity_tokens=10)["turn_timing"] == tt
 
 
 def test_variants_cover_every_policy_the_bound_and_the_ablation() -> None:

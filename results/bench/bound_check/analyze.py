@@ -1,13 +1,29 @@
-import json, sys, statistics as st
+"""Summarize `turns_<tag>.json` files with the bench's own per-turn measures (`benchmarks.metrics.turn_timing`).
+
+    PYTHONPATH=. python3 results/bench/bound_check/analyze.py bound ic bound2 ic2 bound3 ic3
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from benchmarks.metrics import Turn, turn_timing
+
+HERE = Path(__file__).resolve().parent
+
 for tag in sys.argv[1:]:
-    d = json.load(open(f"results/bench/bound_check/turns_{tag}.json"))
-    T = d["turns"]
-    first = [t["first"] for t in T]
-    dec = [(t["total"] - t["first"]) / max(1, t["out"] - 1) for t in T if t["out"] > 1]
-    res = [t["first"] for t in T if t["i"] > 0]
-    new = [t["first"] for t in T if t["i"] == 0]
-    tot = sum(t["total"] for t in T); out = sum(t["out"] for t in T)
-    q = lambda xs, p: sorted(xs)[int(p * (len(xs) - 1))] * 1000 if xs else float('nan')
-    print(f"{tag:12s} nl_med {d['summary']['median']*1000:.1f}ms turns {len(T)} out {out} sum(turn time)/out {tot/out*1000:.2f}ms"
-          f" | new-ttft med {q(new,.5):.1f} p90 {q(new,.9):.1f} | resume-ttft med {q(res,.5):.1f} p90 {q(res,.9):.1f}"
-          f" | per-token decode med {q(dec,.5):.2f} p90 {q(dec,.9):.2f} ms | sum ttft {sum(first):.1f}s sum decode {tot-sum(first):.1f}s")
+    d = json.loads((HERE / f"turns_{tag}.json").read_text())
+    turns = [Turn(**t) for t in d["turns"]]
+    tt = turn_timing(turns)
+    ms = lambda x: x * 1000  # noqa: E731
+    out = sum(t.out_tokens for t in turns)
+    first = sum(t.first_s for t in turns)
+    total = sum(t.total_s for t in turns)
+    print(f"{tag:12s} nl_med {ms(d['summary']['median']):.1f}ms turns {tt['turns']} out {out}"
+          f" sum(turn time)/out {ms(tt['turn_time_per_output_token_s']):.2f}ms"
+          f" | new-ttft med {ms(tt['new_first_token_s']['median']):.1f} p90 {ms(tt['new_first_token_s']['p90']):.1f}"
+          f" | resume-ttft med {ms(tt['resume_first_token_s']['median']):.1f} p90 {ms(tt['resume_first_token_s']['p90']):.1f}"
+          f" | per-token decode med {ms(tt['decode_per_token_s']['median']):.2f} p90 {ms(tt['decode_per_token_s']['p90']):.2f} ms"
+          f" | sum ttft {first:.1f}s sum decode {total - first:.1f}s")
