@@ -2,6 +2,8 @@
 
     infercept simulate --quick                                    # < 1 minute: 4 policies, 3 rates, GPT-J on an A100
     infercept simulate --validate results/bench/bench.json        # replay a bench run, compare max rates at the SLO
+        [--decode-grid results/sim/decode_context/decode.json]    # decode steps over batch x context on the bench machine
+        [--cache-cliff]                                           # and the cache cliff fitted on them
     infercept simulate --paper [--model gptj-6b|llama2-70b]       # the paper's Figure 2 setting, every policy
     infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
                                                                   # (--profile: a name or its file under configs/profiles/)
@@ -38,6 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--validate: each policy's own from the bench.json)")
     p.add_argument("--decode-context-share", type=float,
                    help="measured CPU profiles: share of the decode step beyond T_fwd that grows with context (default 0)")
+    p.add_argument("--decode-grid", metavar="JSON",
+                   help="--validate: decode steps over batch x context measured on the bench's machine "
+                        "(results/sim/decode_context/decode.json); the CPU's cache cliff is fitted on them")
+    p.add_argument("--cache-cliff", action="store_true",
+                   help="--validate with --decode-grid: also charge the cache cliff fitted on the grid (a step reading "
+                        "more KV than its threshold costs the fitted jump more)")
     p.add_argument("--host-overhead-us", type=float,
                    help="--validate: host time per held request per step, in us (default: fitted on --fit-on)")
     p.add_argument("--fit-on", default="discard", help="--validate: the policy the host time is fitted on (default discard; 'none': 0)")
@@ -92,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
         host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
                      context_share=args.decode_context_share, host_per_request_s=host,
-                     fit_on=None if args.fit_on == "none" else args.fit_on)
+                     fit_on=None if args.fit_on == "none" else args.fit_on, decode_grid=args.decode_grid,
+                     cache_cliff=args.cache_cliff)
         v = {"command": _command(), **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))

@@ -15,6 +15,14 @@ Two models, chosen by what the profile carries:
   SMs), attention the longer of reading the KV it attends to and its FLOPs, plus the tensor-parallel
   all-reduces and a fixed per-step overhead.
 
+A CPU's cache cliff (`KVSpill`, measured CPU profiles that carry `extra.decode_spill`): on the bench
+machine a decode step grows smoothly with batch and context while the KV it reads fits the last-level
+cache with the weights beside it, and jumps (1.5-4x) once it does not (`results/sim/decode_context/`:
+the tiny model on a 32 MB L3 jumps between 52 and 56 MB of KV per step). A step reading more KV than
+the threshold costs a fitted constant more than the profile says. Opt-in (`--cache-cliff`): charged in
+the bench's replay it makes the bound's 8 and 12 req/s runs 2-2.5x slower than measured, so the bench's
+own batches do not pay it as the microbenchmark's lockstep decodes do (see that folder's README).
+
 Copies (swap out and in) cost bytes / bandwidth per direction. On a GPU (or the CPU engine's emulated
 link) they run beside the forward pass and the step lasts max(forward, copies), which is what the
 swap connector's link emulation sleeps for; on a plain CPU they share the cores: forward + copies.
@@ -24,10 +32,12 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from engine_adapter.policy.profile import Profile
@@ -56,6 +66,95 @@ def pristine(profile: Profile) -> Profile:
     return dataclasses.replace(profile, _ratios={})
 
 
+@dataclass(frozen=True)
+class KVSpill:
+    """A step that reads more than `threshold_bytes` of KV costs `jump_s` more (measured on the bench CPU:
+    past the cliff a step costs a roughly constant extra, not one in proportion to the KV it reads)."""
+
+    threshold_bytes: float
+    jump_s: float
+    source: str = ""
+
+    def extra_s(self, kv_bytes: float) -> float:
+        return self.jump_s if kv_bytes > self.threshold_bytes else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> KVSpill:
+        return cls(float(d["threshold_bytes"]), float(d["jump_s"]), str(d.get("source", "")))
+
+    @classmethod
+    def fit(cls, rows: Sequence[tuple[int, int, float]], kv_bytes_per_token: int, source: str = "") -> KVSpill | None:
+        """From decode steps `(batch, context, seconds)`: below a threshold a step is a + b B + c B C
+        (least squares); above it, that plus a constant jump (the mean residual). The threshold (midway
+        between two measured KV sizes, at least three points on each side) is the one with the least
+        squared error. None when no split more than halves the error of one smooth model over all the
+        points, or the jump is under 5% of the median step (no cliff measured)."""
+        pts = sorted((b * c * kv_bytes_per_token, b, c, t) for b, c, t in rows)
+
+        def smooth(sub: Sequence[tuple[float, int, int, float]]) -> tuple[list[float], float]:
+            coef = _lstsq([(1.0, float(b), float(b * c)) for _, b, c, _ in sub], [t for *_, t in sub])
+            return coef, sum((t - (coef[0] + coef[1] * b + coef[2] * b * c)) ** 2 for _, b, c, t in sub)
+
+        if len(pts) < 6:
+            return None
+        _, sse_all = smooth(pts)
+        best: tuple[float, float, float] | None = None  # (sse, threshold, jump)
+        for i in range(3, len(pts) - 2):
+            if pts[i][0] == pts[i - 1][0]:
+                continue
+            coef, sse = smooth(pts[:i])
+            above = [t - (coef[0] + coef[1] * b + coef[2] * b * c) for _, b, c, t in pts[i:]]
+            jump = sum(above) / len(above)
+            sse += sum((r - jump) ** 2 for r in above)
+            if jump > 0 and (best is None or sse < best[0]):
+                best = (sse, (pts[i - 1][0] + pts[i][0]) / 2, jump)
+        median_step = sorted(t for *_, t in pts)[len(pts) // 2]
+        if best is None or best[0] >= 0.5 * sse_all or best[2] < 0.05 * median_step:
+            return None
+        return cls(best[1], best[2], source)
+
+
+def context_shares(rows: Sequence[tuple[int, int, float]], profile: Profile, below_bytes: float | None = None) -> dict[int, float]:
+    """What the profile's one-context decode steps cannot say, from decode steps measured over batch x
+    context (`(batch, context, seconds)`, those reading at most `below_bytes` of KV: short of a cache
+    cliff): per batch size B the profile measured at context C, the share of its excess over T_fwd(B)
+    that grows with context, c B C / (D(B, C) - T_fwd(B)), with D = a + b B + c B C fitted on the rows.
+    A ratio, so it carries over between days when the machine runs faster or slower as a whole."""
+    m = profile.kv_bytes_per_token
+    sub = [r for r in rows if below_bytes is None or r[0] * r[1] * m <= below_bytes]
+    if len(sub) < 3:
+        return {}
+    a, b, c = _lstsq([(1.0, float(bb), float(bb * cc)) for bb, cc, _ in sub], [t for *_, t in sub])
+    out: dict[int, float] = {}
+    for key in profile.extra.get("decode") or {}:
+        mm = _DECODE_KEY.match(str(key))
+        if mm is None:
+            continue
+        bb, cc = int(mm.group(1)), int(mm.group(2))
+        excess = a + b * bb + c * bb * cc - profile.t_fwd_s(bb)
+        out[bb] = min(1.0, max(0.0, c * bb * cc / excess)) if excess > 0 else 0.0
+    return out
+
+
+def _lstsq(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
+    """Least squares by the normal equations, Gaussian elimination with partial pivoting."""
+    n = len(xs[0])
+    m = [[sum(r[i] * r[j] for r in xs) for j in range(n)] + [sum(r[i] * y for r, y in zip(xs, ys))] for i in range(n)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda i: abs(m[i][c]))
+        m[c], m[p] = m[p], m[c]
+        if m[c][c] == 0:
+            return [0.0] * n
+        for i in range(n):
+            if i != c:
+                f = m[i][c] / m[c][c]
+                m[i] = [x - f * y for x, y in zip(m[i], m[c])]
+    return [m[i][n] / m[i][i] for i in range(n)]
+
+
 class MeasuredCost:
     """T_fwd from the grid, plus what a decode step measured beyond it, e(B) = D(B, C) - T_fwd(B),
     split between a per-request cost and a cost per token of earlier context: a share `phi` of e(B)
@@ -63,16 +162,20 @@ class MeasuredCost:
     output processing: on a tiny CPU model the bulk of it). The profile measures one context length
     only, so `phi` is not in it: the profile's `extra.decode_context_share` if set, else the caller's."""
 
-    def __init__(self, profile: Profile, context_share: float | None = None, pair_s: float | None = None) -> None:
+    def __init__(self, profile: Profile, context_share: float | Mapping[int, float] | None = None, pair_s: float | None = None,
+                 spill: KVSpill | None = None) -> None:
         self.profile = pristine(profile)
         # A chunk of a prompt (chunked prefill, a recompute after a discard) attends to the context
         # before it too, which a lone prompt of the grid never does: its (query, earlier key) pairs cost
         # the grid's own quadratic term (`attention_pair_s`) unless given.
         self.pair_s = attention_pair_s(self.profile) if pair_s is None else float(pair_s)
         phi = context_share if context_share is not None else self.profile.extra.get("decode_context_share", 0.0)
-        if not 0.0 <= float(phi) <= 1.0:
+        # One share for every batch size, or one per measured batch size (`context_shares`).
+        shares = {int(b): float(x) for b, x in phi.items()} if isinstance(phi, Mapping) else {}
+        default = float(phi) if not isinstance(phi, Mapping) else 0.0
+        if not all(0.0 <= x <= 1.0 for x in [default, *shares.values()]):
             raise ValueError("decode context share must be within [0, 1]")
-        self.context_share = float(phi)
+        self.context_share: float | dict[int, float] = shares or default
         points: list[tuple[int, float, float]] = []
         for key, seconds in (self.profile.extra.get("decode") or {}).items():
             m = _DECODE_KEY.match(str(key))
@@ -80,11 +183,14 @@ class MeasuredCost:
                 continue
             batch, ctx = int(m.group(1)), int(m.group(2))
             excess = max(0.0, float(seconds) - self.profile.t_fwd_s(batch))
-            points.append((batch, (1 - self.context_share) * excess / batch, self.context_share * excess / (batch * ctx)))
+            share = shares.get(batch, default)
+            points.append((batch, (1 - share) * excess / batch, share * excess / (batch * ctx)))
         points.sort()
         self._batches = [b for b, _, _ in points]
         self._per_request = [r for _, r, _ in points]
         self._per_context = [k for _, _, k in points]
+        own = self.profile.extra.get("decode_spill")
+        self.spill = spill if spill is not None else (KVSpill.from_dict(own) if own else None)
 
     def _interp(self, ys: list[float], requests: int) -> float:
         bs = self._batches
@@ -108,8 +214,9 @@ class MeasuredCost:
         if load.tokens <= 0:
             return 0.0
         b = load.requests
-        return (self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
-                + load.cross * self.pair_s)
+        t = (self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
+             + load.cross * self.pair_s)
+        return t + self.spill.extra_s(load.context * self.profile.kv_bytes_per_token) if self.spill else t
 
 
 def attention_pair_s(profile: Profile) -> float:
@@ -119,19 +226,8 @@ def attention_pair_s(profile: Profile) -> float:
     pts = list(zip(profile.fwd_tokens, profile.fwd_seconds))
     if len(pts) < 3:
         return 0.0
-    rows = [(1.0, float(n), n * (n + 1) / 2) for n, _ in pts]
-    # Normal equations (3 x 3), solved by Gaussian elimination with partial pivoting.
-    m = [[sum(r[i] * r[j] for r in rows) for j in range(3)] + [sum(r[i] * t for r, (_, t) in zip(rows, pts))] for i in range(3)]
-    for c in range(3):
-        p = max(range(c, 3), key=lambda i: abs(m[i][c]))
-        m[c], m[p] = m[p], m[c]
-        if m[c][c] == 0:
-            return 0.0
-        for i in range(3):
-            if i != c:
-                f = m[i][c] / m[c][c]
-                m[i] = [x - f * y for x, y in zip(m[i], m[c])]
-    return max(0.0, m[2][3] / m[2][2])
+    coef = _lstsq([(1.0, float(n), n * (n + 1) / 2) for n, _ in pts], [t for _, t in pts])
+    return max(0.0, coef[2])
 
 
 @dataclass(frozen=True)
@@ -230,9 +326,18 @@ class RooflineCost:
         return self._token_part_s(load.tokens) + r.layers * max(attn_mem, attn_flops) + head
 
 
-def make_cost(profile: Profile, context_share: float | None = None, pair_s: float | None = None) -> StepCost:
+def make_cost(profile: Profile, context_share: float | Mapping[int, float] | None = None, pair_s: float | None = None,
+              spill: KVSpill | None = None) -> StepCost:
     roof = profile.extra.get("roofline")
-    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share, pair_s)
+    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share, pair_s, spill)
+
+
+def read_decode_grid(path: str | Path) -> list[tuple[int, int, float]]:
+    """Decode steps `(batch, context, seconds)` from a file `results/sim/decode_context/measure.py` writes
+    (`rows`, or `runs[].rows`)."""
+    d = json.loads(Path(path).read_text())
+    rows = d.get("rows") or [r for run in d.get("runs", []) for r in run["rows"]]
+    return [(int(r["batch"]), int(r["context"]), float(r["step_s"])) for r in rows]
 
 
 def copies_s(profile: Profile, out_tokens: int, in_tokens: int) -> float:

@@ -16,7 +16,7 @@ from typing import Any
 import yaml
 
 from benchmarks.replay import VARIANTS, Setting, Variant
-from benchmarks.sim.cost import make_cost
+from benchmarks.sim.cost import KVSpill, make_cost
 from benchmarks.sim.engine import SimEngine
 from benchmarks.sim.pool import BlockPool
 from benchmarks.sim.scheduler import SimScheduler
@@ -52,11 +52,13 @@ class SimBench:
     token_budget: Mapping[str, int | None] = field(default_factory=dict)
     default_budget: int | None = None
     unlimited_slots: int = 0  # running slots the bound gets beyond max_num_seqs (0: the runner's bound)
-    context_share: float | None = None  # MeasuredCost's split of the decode excess (None: the profile's)
+    # MeasuredCost's split of the decode excess, one or per batch size (None: the profile's)
+    context_share: float | Mapping[int, float] | None = None
     pair_s: float | None = None  # MeasuredCost's attention cost per (query, earlier key) pair (None: the grid's)
     frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
     host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
     step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
+    spill: KVSpill | None = None  # MeasuredCost's cache cliff (None: the profile's `extra.decode_spill`, if any)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
 
     def __post_init__(self) -> None:
@@ -114,7 +116,7 @@ class SimBench:
             return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
-        return SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s), oracle=v.oracle, check_every=check_every,
+        return SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill), oracle=v.oracle, check_every=check_every,
                          frontend_s=self.frontend(),
                          host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s)
 

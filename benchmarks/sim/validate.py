@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.replay import REPO
+from benchmarks.sim.cost import KVSpill, context_shares, read_decode_grid
 from benchmarks.sim.report import headline
 from benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
 from benchmarks.sim.sweep import sweep
@@ -54,32 +55,47 @@ def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
     return {lab: (b if b is not None else default) for lab, b in (bj.get("token_budget") or {}).items()}
 
 
-def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | None = None,
+def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, host_per_request_s: float = 0.0,
-              step_overhead_s: float = 0.0) -> SimBench:
+              step_overhead_s: float = 0.0, spill: KVSpill | None = None) -> SimBench:
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
     default = token_budget or bj.get("token_budget_default")
     return SimBench(setting, profile_from_bench(st, fallback=DEFAULT_PROFILE), token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
-                    step_overhead_s=step_overhead_s)
+                    step_overhead_s=step_overhead_s, spill=spill)
 
 
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,
-             context_share: float | None = None, frontend_s: tuple[float, float] | None = None,
+             context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = "discard",
-             verbose: bool = True) -> dict[str, Any]:
+             decode_grid: str | Path | None = None, cache_cliff: bool = False, verbose: bool = True) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose max rate at the bench's SLO is closest to the measured one);
-    the report also gives every policy's error without it."""
+    the report also gives every policy's error without it. `decode_grid`: decode steps measured over
+    batch x context on the bench's machine; unless `context_share` is given, the share of each profile
+    decode step that grows with context is taken from them (`context_shares`, on the steps short of a
+    cache cliff if they show one). `cache_cliff`: also charge the cliff (`KVSpill`) fitted on them."""
     bj = read_bench(bench_path)
+    spill = None
+    if decode_grid is not None:
+        rows = read_decode_grid(decode_grid)
+        cliff = KVSpill.fit(rows, int(bj["setting"].get("kv_bytes_per_token") or 1024),
+                            source=f"fitted on {decode_grid} ({len(rows)} decode steps)")
+        if context_share is None:
+            prof = profile_from_bench(bj["setting"], fallback=DEFAULT_PROFILE)
+            context_share = context_shares(rows, prof, cliff.threshold_bytes if cliff else None) or None
+        spill = cliff if cache_cliff else None
+    elif cache_cliff:
+        raise ValueError("the cache cliff is fitted on a decode grid: give --decode-grid")
     step = None
     if step_overhead_s is None:
-        step = _fit_step_overhead(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s)
+        step = _fit_step_overhead(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
+                                  spill=spill)
         step_overhead_s = step["step_overhead_s"]
     kw = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
-          "step_overhead_s": step_overhead_s}
+          "step_overhead_s": step_overhead_s, "spill": spill}
     fit = None
     if host_per_request_s is None:
         if fit_on is None:
@@ -92,6 +108,10 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"]["host_fit"] = fit
     v["cost_model"]["step_overhead_fit"] = step
+    v["cost_model"]["decode_spill"] = spill.to_dict() if spill else None
+    if spill is not None:
+        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, **{**kw, "spill": None})
+        v["without_decode_spill"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     if host_per_request_s:
         without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, **kw)
         v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
@@ -145,14 +165,15 @@ def _fit_host(bj: Mapping[str, Any], label: str, **kw: Any) -> dict[str, Any]:
 
 
 def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_request_s: float, verbose: bool,
-              token_budget: int | None = None, context_share: float | None = None,
-              frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0) -> dict[str, Any]:
+              token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
+              frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
+              spill: KVSpill | None = None) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
     seeds = [int(x) for x in bj["seeds"]]
     sb = sim_bench(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
-                   host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s)
+                   host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill)
     # The runner draws ShareGPT prompts (tokenized by the model's tokenizer) for these workloads when
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
@@ -242,19 +263,26 @@ def print_validation(v: Mapping[str, Any]) -> None:
           f"{', '.join(f'{x * 1000:.1f} ms' for x in cm['frontend_in_out_s'])}, host time per held request per step "
           f"{cm['host_per_request_s'] * 1e6:.0f} us ({how}), step overhead {cm['step_overhead_s'] * 1e3:.2f} ms "
           f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair")
+    sp = cm.get("decode_spill")
+    if sp:
+        print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "
+              f"{sp['jump_s'] * 1000:.1f} ms more ({sp['source']})")
     slo = v["slo"]
     print(f"SLO: measured {_ms(slo['measured_s'])} (unloaded {_ms(slo['measured_unloaded_s'])}), simulated "
           f"{_ms(slo['simulated_s'])} (unloaded {_ms(slo['simulated_unloaded_s'])}); judged at the measured one")
     print(f"{'policy':18s} {'budget':>6s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s}   {'sim @ sim SLO':>13s} {'rel err':>8s}"
-          f"   {'without host time':>18s}")
+          f"   {'without host time':>18s}   {'without cache cliff':>19s}")
     without = v.get("without_host_overhead") or {}
+    no_spill = v.get("without_decode_spill") or {}
     for lab, p in v["policies"].items():
         e, e2 = p["rel_error"], p["rel_error_at_simulated_slo"]
         line = (f"{lab:18s} {p['token_budget']:6d} {p['measured'] or 0:9.2f} {p['simulated']:9.2f} {_pc(e):>8s}   "
                 f"{p['simulated_at_simulated_slo']:13.2f} {_pc(e2):>8s}")
-        if lab in without:
-            w = without[lab]
-            line += f"   {w['simulated']:9.2f} {_pc(w['rel_error']):>8s}"
+        for alt in (without, no_spill):
+            if lab in alt:
+                line += f"   {alt[lab]['simulated']:9.2f} {_pc(alt[lab]['rel_error']):>9s}"
+            else:
+                line += " " * 22
         print(line)
 
 

@@ -87,3 +87,52 @@ def test_a_chunk_attending_to_earlier_context_costs_the_grids_quadratic_term() -
     # A 512-token chunk after 1024 tokens of context costs 512 x 1024 pairs more than a lone prompt of 512.
     lone, chunk = StepLoad(512, 1, 0, 512 * 513 // 2), StepLoad(512, 1, 1024, 512 * 1024 + 512 * 513 // 2, 512 * 1024)
     assert c.forward_s(chunk) - c.forward_s(lone) == pytest.approx(k * 512 * 1024)
+
+
+def _decode_rows(jump: float = 0.0, threshold_tokens: int = 40_000) -> list[tuple[int, int, float]]:
+    """A decode grid that is exactly a + b B + c B C, plus `jump` above `threshold_tokens` of KV."""
+    rows = []
+    for b in (1, 8, 16, 32, 48, 64):
+        for ctx in (256, 512, 1024, 2048):
+            rows.append((b, ctx, 0.006 + 3e-4 * b + 3e-7 * b * ctx + (jump if b * ctx > threshold_tokens else 0.0)))
+    return rows
+
+
+def test_the_cache_cliff_is_found_where_the_grid_jumps_and_not_where_it_is_smooth() -> None:
+    from benchmarks.sim.cost import KVSpill
+
+    cliff = KVSpill.fit(_decode_rows(jump=0.06), kv_bytes_per_token=1024)
+    assert cliff is not None and cliff.jump_s == pytest.approx(0.06, rel=1e-6)
+    # Midway between the largest measured KV below the jump (32 x 1024 tokens) and the smallest above (48 x 1024).
+    assert cliff.threshold_bytes == pytest.approx((32 * 1024 + 48 * 1024) / 2 * 1024)
+    assert KVSpill.fit(_decode_rows(), kv_bytes_per_token=1024) is None
+    # Charged by the measured cost model only above the threshold, on top of what the profile says.
+    c, plain = MeasuredCost(CPU, spill=cliff), MeasuredCost(CPU)
+    small, large = StepLoad(32, 32, 32 * 512, 32 * 512), StepLoad(64, 64, 64 * 1024, 64 * 1024)
+    assert c.forward_s(small) == pytest.approx(plain.forward_s(small))
+    assert c.forward_s(large) == pytest.approx(plain.forward_s(large) + 0.06)
+    assert KVSpill.from_dict(cliff.to_dict()) == cliff
+
+
+def test_context_shares_come_from_a_grid_over_context_and_keep_the_profiles_steps() -> None:
+    from benchmarks.sim.cost import context_shares
+
+    shares = context_shares(_decode_rows(jump=0.06), CPU, below_bytes=40_000 * 1024)
+    for b in (1, 8, 32):  # c B C / (D(B, C) - T_fwd(B)) at the profile's context 512
+        d = 0.006 + 3e-4 * b + 3e-7 * b * 512
+        assert shares[b] == pytest.approx(3e-7 * b * 512 / (d - CPU.t_fwd_s(b)), rel=1e-6)
+    c = MeasuredCost(CPU, context_share=shares)
+    for b, t in ((1, 0.0046), (8, 0.0062), (32, 0.0153)):  # the profile's own decode steps, unchanged
+        assert c.forward_s(StepLoad(b, b, b * 512, b * 512)) == pytest.approx(t)
+    # A step at batch 8 grows with context by its own share of the excess.
+    grows = c.forward_s(StepLoad(8, 8, 8 * 2048, 0)) - c.forward_s(StepLoad(8, 8, 8 * 512, 0))
+    assert grows == pytest.approx(shares[8] * (0.0062 - CPU.t_fwd_s(8)) / (8 * 512) * 8 * 1536)
+
+
+def test_the_committed_decode_grid_reads() -> None:
+    from pathlib import Path
+
+    from benchmarks.sim.cost import read_decode_grid
+
+    rows = read_decode_grid(Path(__file__).resolve().parents[2] / "results" / "sim" / "decode_context" / "decode.json")
+    assert len(rows) >= 50 and all(b > 0 and c > 0 and t > 0 for b, c, t in rows)

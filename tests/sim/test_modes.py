@@ -100,6 +100,23 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
     assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
 
 
+def test_validation_takes_the_context_share_and_the_cache_cliff_from_a_decode_grid(tmp_path: Path) -> None:
+    grid = REPO / "results" / "sim" / "decode_context" / "decode.json"
+    bench = fake_bench(tmp_path / "bench.json")
+    v = validate(bench, policies=["unlimited-kv"], decode_grid=grid, cache_cliff=True, fit_on=None, step_overhead_s=0.001,
+                 verbose=False)
+    cm = v["cost_model"]
+    # One share per batch size the profile measured its decode steps at, each within [0, 1].
+    assert set(cm["decode_context_share"]) == {1, 8, 32} and all(0 < x < 1 for x in cm["decode_context_share"].values())
+    assert 40 * 2**20 < cm["decode_spill"]["threshold_bytes"] < 64 * 2**20 and cm["decode_spill"]["jump_s"] > 0
+    assert set(v["without_decode_spill"]) == {"unlimited-kv"}
+    plain = validate(bench, policies=["unlimited-kv"], decode_grid=grid, fit_on=None, step_overhead_s=0.001, verbose=False)
+    assert plain["cost_model"]["decode_spill"] is None and "without_decode_spill" not in plain
+    assert plain["policies"]["unlimited-kv"]["simulated"] == v["without_decode_spill"]["unlimited-kv"]["simulated"]
+    with pytest.raises(ValueError, match="decode grid"):
+        validate(bench, cache_cliff=True, verbose=False)
+
+
 def test_validation_refuses_a_bench_json_of_the_old_runner(tmp_path: Path) -> None:
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"seed": 3, "rates": [2.0], "policies": ["discard"], "setting": {}, "slo": {}, "headline": {}, "results": {}}))

@@ -37,7 +37,7 @@ async def main(label: str, seed: int, rate: float, tag: str) -> None:
     s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in wl.values())
     async with EngineRun(VARIANTS[label], s, 512) as er:
         res = await er.run(wl[(seed, rate)], rate)
-    print(label, seed, rate, "median nl %.4f" % res["normalized_latency_s"]["median"], res["completed"], "/", res["requests"])
+    print(label, seed, rate, f"median nl {res['normalized_latency_s']['median']:.4f}", res["completed"], "/", res["requests"])
     turns = [dataclasses.asdict(t) for o in er.outcomes for t in o.turns]
     (HERE / f"turns_{tag}.json").write_text(json.dumps({"summary": res["normalized_latency_s"], "turns": turns}))
 

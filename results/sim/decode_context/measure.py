@@ -1,0 +1,76 @@
+"""Does a decode step on this CPU cost more per token of context once the batch's KV outgrows the L3 cache?
+
+The simulator's CPU cost model (`benchmarks/sim/cost.py`, `MeasuredCost`) takes decode steps from the
+profile, measured at one context (512) only, so its share of decode cost that grows with context is 0.
+This measures decode steps (the profiler's own `_decode_step_s`: B requests decoding together, the median
+gap between tokens) over batch x context, on the bench's two pool sizes: 24,576 tokens of KV (every
+policy) and 186,868 (the bound, `unlimited-kv`), with the bench's engine settings (tiny, float32, block 32).
+
+    PYTHONPATH=. .venv/bin/python results/sim/decode_context/measure.py results/sim/decode_context/decode.json [bench|bound]
+
+(`GRID=BxC,BxC` measures only those points.)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import platform
+import sys
+import time
+from pathlib import Path
+
+from engine_adapter.config import EngineConfig
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.profiler import _decode_step_s
+
+POOLS = {"bench": 24576, "bound": 186868}
+OUT = sys.argv[1]  # the JSON written (vLLM logs to stdout)
+ONLY = sys.argv[2:]  # pools to measure (default: both)
+PICK = [tuple(map(int, x.split("x"))) for x in __import__("os").environ.get("GRID", "").split(",") if x]
+GRID = [(1, 512), (8, 512), (32, 512), (8, 2048), (16, 1024), (32, 256), (32, 1024), (64, 256), (64, 512),
+        (32, 2048), (64, 1024), (64, 2048),
+        # around the cliff: 24-48 MB of KV in the batch, by batch and by context
+        (16, 1536), (16, 2048), (16, 3072), (8, 4000), (24, 1024), (24, 1536), (32, 768), (32, 1280), (32, 1536),
+        (48, 512), (48, 768), (48, 1024), (64, 384), (64, 640), (64, 768),
+        # across the cliff (48-64 MB) and beyond it
+        (52, 1024), (56, 1024), (60, 1024), (64, 896), (32, 1792), (28, 2048), (48, 1536), (40, 2048), (64, 1536)]
+
+
+async def measure(pool: str, tokens: int) -> list[dict[str, float]]:
+    cfg = EngineConfig(model="tiny", policy="preserve", dtype="float32", block_size=32, num_kv_blocks=-(-tokens // 32) + 1,
+                       max_model_len=4096, max_num_seqs=64, max_num_batched_tokens=2048,
+                       kv_cache_gib=max(1.0, math.ceil(tokens * 1024 * 1.1 / 2**30)))
+    engine = InterceptEngine(cfg)
+    await engine.start()
+    rows = []
+    try:
+        await _decode_step_s(engine, 4, 256)  # warm-up
+        for batch, ctx in PICK or GRID:
+            if batch * (ctx + 40) > tokens:
+                continue
+            steps = [await _decode_step_s(engine, batch, ctx, steps=24) for _ in range(3)]
+            step = sorted(steps)[1]
+            rows.append({"pool": pool, "pool_tokens": tokens, "batch": batch, "context": ctx,
+                         "kv_mb": batch * ctx * 1024 / 2**20, "step_s": step, "steps_s": steps})
+            print(f"{pool:6s} batch {batch:3d} ctx {ctx:5d} KV {rows[-1]['kv_mb']:6.1f} MB: step {step * 1000:6.2f} ms "
+                  f"({', '.join(f'{s * 1000:.2f}' for s in steps)})", file=sys.stderr, flush=True)
+    finally:
+        await engine.shutdown()
+    return rows
+
+
+async def main() -> None:
+    rows = []
+    for pool, tokens in POOLS.items():
+        if ONLY and pool not in ONLY:
+            continue
+        rows += await measure(pool, tokens)
+    Path(OUT).write_text(json.dumps({"command": "PYTHONPATH=. .venv/bin/python results/sim/decode_context/measure.py " + " ".join(sys.argv[1:]),
+                      "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "machine": platform.processor() or platform.machine(),
+                      "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
