@@ -108,6 +108,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"]["host_fit"] = fit
     v["cost_model"]["step_overhead_fit"] = step
+    v["cost_model"]["decode_grid"] = str(decode_grid) if decode_grid is not None else None
     v["cost_model"]["decode_spill"] = spill.to_dict() if spill else None
     if spill is not None:
         without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, **{**kw, "spill": None})
@@ -271,19 +272,19 @@ def print_validation(v: Mapping[str, Any]) -> None:
     print(f"SLO: measured {_ms(slo['measured_s'])} (unloaded {_ms(slo['measured_unloaded_s'])}), simulated "
           f"{_ms(slo['simulated_s'])} (unloaded {_ms(slo['simulated_unloaded_s'])}); judged at the measured one")
     print(f"{'policy':18s} {'budget':>6s} {'measured':>9s} {'simulated':>9s} {'rel err':>8s}   {'sim @ sim SLO':>13s} {'rel err':>8s}"
-          f"   {'without host time':>18s}   {'without cache cliff':>19s}")
+          f"   {'without host time':>18s}" + (f"   {'without cache cliff':>19s}" if v.get("without_decode_spill") else ""))
     without = v.get("without_host_overhead") or {}
     no_spill = v.get("without_decode_spill") or {}
     for lab, p in v["policies"].items():
         e, e2 = p["rel_error"], p["rel_error_at_simulated_slo"]
         line = (f"{lab:18s} {p['token_budget']:6d} {p['measured'] or 0:9.2f} {p['simulated']:9.2f} {_pc(e):>8s}   "
                 f"{p['simulated_at_simulated_slo']:13.2f} {_pc(e2):>8s}")
-        for alt in (without, no_spill):
+        for alt in (without, no_spill) if no_spill else (without,):
             if lab in alt:
                 line += f"   {alt[lab]['simulated']:9.2f} {_pc(alt[lab]['rel_error']):>9s}"
             else:
                 line += " " * 22
-        print(line)
+        print(line.rstrip())
 
 
 def _pc(e: float | None) -> str:

@@ -112,6 +112,7 @@ def test_validation_takes_the_context_share_and_the_cache_cliff_from_a_decode_gr
     assert set(v["without_decode_spill"]) == {"unlimited-kv"}
     plain = validate(bench, policies=["unlimited-kv"], decode_grid=grid, fit_on=None, step_overhead_s=0.001, verbose=False)
     assert plain["cost_model"]["decode_spill"] is None and "without_decode_spill" not in plain
+    assert plain["cost_model"]["decode_grid"] == str(grid)
     assert plain["policies"]["unlimited-kv"]["simulated"] == v["without_decode_spill"]["unlimited-kv"]["simulated"]
     with pytest.raises(ValueError, match="decode grid"):
         validate(bench, cache_cliff=True, verbose=False)
