@@ -94,9 +94,9 @@ class KVSpill:
         points, or the jump is under 5% of the median step (no cliff measured)."""
         pts = sorted((b * c * kv_bytes_per_token, b, c, t) for b, c, t in rows)
 
-        def smooth(sub: Sequence[tuple[float, int, int, float]]) -> tuple[list[float], float]:
-            coef = _lstsq([(1.0, float(b), float(b * c)) for _, b, c, _ in sub], [t for *_, t in sub])
-            return coef, sum((t - (coef[0] + coef[1] * b + coef[2] * b * c)) ** 2 for _, b, c, t in sub)
+        def smooth(sub: Sequence[tuple[float, int, int, float]]) -> tuple[_DecodeFit, float]:
+            fit = _DecodeFit.of([(b, c, t) for _, b, c, t in sub])
+            return fit, sum((t - fit(b, c)) ** 2 for _, b, c, t in sub)
 
         if len(pts) < 6:
             return None
@@ -105,8 +105,8 @@ class KVSpill:
         for i in range(3, len(pts) - 2):
             if pts[i][0] == pts[i - 1][0]:
                 continue
-            coef, sse = smooth(pts[:i])
-            above = [t - (coef[0] + coef[1] * b + coef[2] * b * c) for _, b, c, t in pts[i:]]
+            fit, sse = smooth(pts[:i])
+            above = [t - fit(b, c) for _, b, c, t in pts[i:]]
             jump = sum(above) / len(above)
             sse += sum((r - jump) ** 2 for r in above)
             if jump > 0 and (best is None or sse < best[0]):
@@ -127,16 +127,38 @@ def context_shares(rows: Sequence[tuple[int, int, float]], profile: Profile, bel
     sub = [r for r in rows if below_bytes is None or r[0] * r[1] * m <= below_bytes]
     if len(sub) < 3:
         return {}
-    a, b, c = _lstsq([(1.0, float(bb), float(bb * cc)) for bb, cc, _ in sub], [t for *_, t in sub])
+    fit = _DecodeFit.of(sub)
     out: dict[int, float] = {}
-    for key in profile.extra.get("decode") or {}:
-        mm = _DECODE_KEY.match(str(key))
-        if mm is None:
-            continue
-        bb, cc = int(mm.group(1)), int(mm.group(2))
-        excess = a + b * bb + c * bb * cc - profile.t_fwd_s(bb)
-        out[bb] = min(1.0, max(0.0, c * bb * cc / excess)) if excess > 0 else 0.0
+    for b, ctx, _ in profile_decode_steps(profile):
+        excess = fit(b, ctx) - profile.t_fwd_s(b)
+        out[b] = min(1.0, max(0.0, fit.c * b * ctx / excess)) if excess > 0 else 0.0
     return out
+
+
+def profile_decode_steps(profile: Profile) -> list[tuple[int, int, float]]:
+    """The profile's measured decode steps `(batch, context, seconds)` (`extra.decode`, keys `batchB_ctxC_s`)."""
+    steps = []
+    for key, seconds in (profile.extra.get("decode") or {}).items():
+        m = _DECODE_KEY.match(str(key))
+        if m is not None and seconds is not None and math.isfinite(float(seconds)):
+            steps.append((int(m.group(1)), int(m.group(2)), float(seconds)))
+    return steps
+
+
+@dataclass(frozen=True)
+class _DecodeFit:
+    """A decode step of B requests at context C as a + b B + c B C, least squares over measured steps."""
+
+    a: float
+    b: float
+    c: float
+
+    @classmethod
+    def of(cls, rows: Sequence[tuple[int, int, float]]) -> _DecodeFit:
+        return cls(*_lstsq([(1.0, float(b), float(b * c)) for b, c, _ in rows], [t for *_, t in rows]))
+
+    def __call__(self, batch: int, context: int) -> float:
+        return self.a + self.b * batch + self.c * batch * context
 
 
 def _lstsq(xs: Sequence[Sequence[float]], ys: Sequence[float]) -> list[float]:
@@ -177,12 +199,8 @@ class MeasuredCost:
             raise ValueError("decode context share must be within [0, 1]")
         self.context_share: float | dict[int, float] = shares or default
         points: list[tuple[int, float, float]] = []
-        for key, seconds in (self.profile.extra.get("decode") or {}).items():
-            m = _DECODE_KEY.match(str(key))
-            if m is None or seconds is None or not math.isfinite(float(seconds)):
-                continue
-            batch, ctx = int(m.group(1)), int(m.group(2))
-            excess = max(0.0, float(seconds) - self.profile.t_fwd_s(batch))
+        for batch, ctx, seconds in profile_decode_steps(self.profile):
+            excess = max(0.0, seconds - self.profile.t_fwd_s(batch))
             share = shares.get(batch, default)
             points.append((batch, (1 - share) * excess / batch, share * excess / (batch * ctx)))
         points.sort()

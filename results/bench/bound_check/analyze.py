@@ -13,13 +13,15 @@ from benchmarks.metrics import Turn, turn_timing
 
 HERE = Path(__file__).resolve().parent
 
+
+def ms(x: float) -> float:
+    return x * 1000
+
+
 for tag in sys.argv[1:]:
     d = json.loads((HERE / f"turns_{tag}.json").read_text())
     turns = [Turn(**t) for t in d["turns"]]
     tt = turn_timing(turns)
-    def ms(x: float) -> float:
-        return x * 1000
-
     out = sum(t.out_tokens for t in turns)
     first = sum(t.first_s for t in turns)
     total = sum(t.total_s for t in turns)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -28,7 +29,7 @@ from engine_adapter.profiler import _decode_step_s
 POOLS = {"bench": 24576, "bound": 186868}
 OUT = sys.argv[1]  # the JSON written (vLLM logs to stdout)
 ONLY = sys.argv[2:]  # pools to measure (default: both)
-PICK = [tuple(map(int, x.split("x"))) for x in __import__("os").environ.get("GRID", "").split(",") if x]
+PICK = [tuple(map(int, x.split("x"))) for x in os.environ.get("GRID", "").split(",") if x]
 GRID = [(1, 512), (8, 512), (32, 512), (8, 2048), (16, 1024), (32, 256), (32, 1024), (64, 256), (64, 512),
         (32, 2048), (64, 1024), (64, 2048),
         # around the cliff: 24-48 MB of KV in the batch, by batch and by context
