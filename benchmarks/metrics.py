@@ -124,7 +124,7 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "swap_stall_s": w1["swap_stall_s"] - w0["swap_stall_s"],
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (
             "intercepts", "recomputed_tokens", "prefix_hit_tokens", "swapped_out_tokens", "swapped_in_tokens",
-            "demoted", "discarded", "ttl_expired", "swap_fallbacks")},
+            "demoted", "pressure_swaps", "discarded", "ttl_expired", "swap_fallbacks")},
         "by_type": by_type(outs, cutoff_s, t0.get("by_type", {}), t1.get("by_type", {})),
     }
 

@@ -66,25 +66,31 @@ class VllmPort:
         ready (vLLM's own order), within the step's token budget."""
         s = self.s
         budget = s.max_num_scheduled_tokens
-        need = 0
+        need = ahead = 0
         for req in s.running:
-            n = min(max(req.num_tokens_with_spec - req.num_computed_tokens, 0), budget)
+            todo = max(req.num_tokens_with_spec - req.num_computed_tokens, 0)
+            n = min(todo, budget)
             budget -= n
             need += self._new_blocks(req, n)
+            ahead += self._new_blocks(req, todo)
         head: Request | None = None
         for queue in (s.kv_holding_waiting, s.waiting):
             head = next((r for r in queue if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)), None)
             if head is not None:
                 break
         head_blocks = 0
-        if head is not None and budget > 0:
-            head_blocks = self._new_blocks(head, min(head.num_tokens - head.num_computed_tokens, budget))
+        if head is not None:
+            todo = head.num_tokens - head.num_computed_tokens
+            ahead += self._new_blocks(head, todo)
+            if budget > 0:
+                head_blocks = self._new_blocks(head, min(todo, budget))
         return StepView(
             blocks_needed=need + head_blocks,
             head_waiting=head.request_id if head is not None else None,
             head_blocks=head_blocks,
             running_requests=len(s.running),
             running_tokens=sum(r.num_computed_tokens for r in s.running),
+            blocks_ahead=ahead,
         )
 
     def _new_blocks(self, req: Request, n_tokens: int) -> int:

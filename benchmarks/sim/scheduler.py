@@ -138,17 +138,23 @@ class SimScheduler:
     # ================================================================== the step the core sees
     def step_view(self) -> StepView:
         budget = self.max_num_scheduled_tokens
-        need = 0
+        need = ahead = 0
         for r in self.running:
-            n = min(max(r.num_tokens - r.num_computed, 0), budget)
+            todo = max(r.num_tokens - r.num_computed, 0)
+            n = min(todo, budget)
             budget -= n
             need += self._new_blocks(r, n)
+            ahead += self._new_blocks(r, todo)
         head = self.kv_ready[0][1] if self.kv_ready else next(iter(self.waiting), None)
-        if head is not None and budget > 0:
-            need += self._new_blocks(head, min(head.num_tokens - head.num_computed, budget))
-        return StepView(blocks_needed=need, head_waiting=head.rid if head is not None else None,
-                        running_requests=len(self.running),
-                        running_tokens=sum(r.num_computed for r in self.running))
+        head_blocks = 0
+        if head is not None:
+            todo = head.num_tokens - head.num_computed
+            ahead += self._new_blocks(head, todo)
+            if budget > 0:
+                head_blocks = self._new_blocks(head, min(todo, budget))
+        return StepView(blocks_needed=need + head_blocks, head_waiting=head.rid if head is not None else None,
+                        head_blocks=head_blocks, running_requests=len(self.running),
+                        running_tokens=sum(r.num_computed for r in self.running), blocks_ahead=ahead)
 
     def _new_blocks(self, r: SimRequest, n: int) -> int:
         return max(0, -(-(r.num_computed + n) // self.bs) - len(r.blocks))

@@ -167,21 +167,56 @@ class InterceptCore:
 
     def demote(self, view: StepView, now: float) -> None:
         """Give preserved KV (and running slots) back when running or resumed work needs them, so a
-        paused request can never starve the batch. Paused requests expected back last go first."""
+        paused request can never starve the batch. Paused requests expected back last go first.
+
+        Under a policy that swaps under pressure, the room the head of the queue needs is made by
+        copying those contexts to the host instead of freeing them: the head waits the few steps the
+        copies take, and the contexts come back by a swap-in instead of a recompute. Only what the
+        running requests need this step is freed at once (vLLM would preempt one of them otherwise),
+        and only while something runs (copies are shipped with a step's forward pass)."""
         head = view.head_waiting
         # Brand-new requests may wait for preserved KV (the preserve policy's cost), unless nothing
         # runs, in which case waiting would be a deadlock.
         wants_room = head is not None and (head in self.request_of.values() or view.running_requests == 0)
         # A swap-in head allocates blocks for its whole host copy at once, not one chunk's worth.
         load = self.entries[head].load_blocks if head in self.entries else 0
+        head_need = view.head_blocks + max(0, load - view.head_blocks)
         reserve = view.blocks_needed + max(0, load - view.head_blocks) + self.settings.demotion_reserve_blocks
+        may_wait = self.spec.swap_under_pressure and self.swap is not None and view.running_requests > 0
+        now_need = reserve - head_need  # the running requests' blocks this step
+        target = max(reserve, view.blocks_ahead + self.settings.demotion_reserve_blocks) if may_wait else reserve
+        # Blocks and slots that copies already under way give back within a few steps.
+        moving = [e for e in self.entries.values() if e.state is KvState.SWAPPING_OUT]
+        coming_blocks = sum(len(self.kv.block_ids(e.request_id)) for e in moving) if may_wait else 0
+        coming_slots = len(moving)
         # A request already copying out is freed within a step or two anyway: demoting it would throw
         # the copy away.
         for rid in demotion_order(self._views(KvState.PRESERVED)):
-            if self.kv.num_free_blocks() >= reserve and not (wants_room and self.kv.slots_full()):
+            free = self.kv.num_free_blocks()
+            short_of_slots = wants_room and self.kv.slots_full()
+            met_now = free >= reserve and not short_of_slots
+            if not may_wait and met_now:
                 return
-            if rid != head:
-                self.free(self.entries[rid], Fate.DEMOTED, now)
+            if may_wait and free >= now_need and free + coming_blocks >= target and not (short_of_slots and coming_slots == 0):
+                return  # the copies under way make the room: the head waits for them
+            if rid == head:
+                continue
+            e = self.entries[rid]
+            if may_wait and free >= now_need and self._swap_fits(e):
+                coming_blocks += len(self.kv.block_ids(rid))
+                coming_slots += 1
+                self.start_swap_out(e, now)
+                self.ledger.totals.pressure_swaps += 1
+                continue
+            if met_now:
+                return  # only room ahead is missing, and the host cannot take this context: keep it
+            self.free(e, Fate.DEMOTED, now)
+
+    def _swap_fits(self, e: Entry) -> bool:
+        """The context has a full block to copy and the host buffer has room for all of them."""
+        assert self.swap is not None
+        n = e.context_tokens // self.block_size
+        return 0 < n <= self.swap.slots.num_free
 
     def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
         """Refine a session's current pause (the caller may know more, e.g. an oracle duration)."""

@@ -120,6 +120,9 @@ class StepView:
     head_blocks: int = 0  # of `blocks_needed`, the head's (a swap-in head needs its whole context at once)
     running_requests: int = 0
     running_tokens: int = 0  # context tokens of the running batch
+    # New blocks the running requests and that waiting one need to finish the prompt or recompute
+    # they are in (not capped by this step's token budget): the room a swap under pressure makes ahead.
+    blocks_ahead: int = 0
 
 
 class KvPort(Protocol):

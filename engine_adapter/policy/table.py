@@ -20,7 +20,8 @@ the README's table read the names, summaries and flags from this table.
 in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
 recomputation proceeds in S-sized chunks (a no-op when the budget already is S).
 
-Whatever the policy, preserved KV is given back under memory pressure (`decide.demotion_order`).
+Whatever the policy, preserved KV is given back under memory pressure (`decide.demotion_order`);
+`infercept` copies it to the host instead where the host buffer has room (`swap_under_pressure`).
 """
 
 from __future__ import annotations
@@ -57,10 +58,15 @@ class PolicySpec:
     # proceeds in S-sized chunks (paper Sec. 4.3).
     chunk_at_saturation: bool = False
     estimator: str | None = None  # call-duration estimator it forces (None: the engine's setting)
+    # Under memory pressure, copy preserved KV to the host to make room for the head of the queue
+    # (which waits the few steps the copy takes) instead of freeing it (`InterceptCore.demote`).
+    swap_under_pressure: bool = False
 
     def __post_init__(self) -> None:
         if self.at_pause is Action.SWAP and not self.swap:
             raise ValueError(f"policy {self.name}: swapping at the pause needs swap=True")
+        if self.swap_under_pressure and not self.swap:
+            raise ValueError(f"policy {self.name}: swapping under pressure needs swap=True")
 
 
 DEFAULT_TTL_S: Mapping[str, float] = {
@@ -94,8 +100,8 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.PRESERVE, swap=True, decide=swap_long_calls, chunk_at_saturation=True, estimator="dynamic"),
     PolicySpec("infercept-paper", "per iteration, the paper's min-waste choice (Eq. 2, 4, 5) with its elapsed-time estimate of the call's remaining time",
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
-    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online)",
-               Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True),
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); under memory pressure, preserved KV is swapped out rather than freed",
+               Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, swap_under_pressure=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

@@ -342,3 +342,67 @@ def test_a_load_under_way_keeps_its_swap_in_budget_every_step() -> None:
     core.load_allocated("a", [40, 41, 42, 43, 44, 45], 6 * BLOCK)
     moved = [len(step(core, pool, t).swap_in) for t in (1.02, 1.03)]
     assert moved == [3, 3] and e.state is KvState.LOADED
+
+
+def pressed(host_slots: int = 32) -> tuple[Pool, InterceptCore]:
+    """infercept on a 20-block pool holding two short calls' contexts (kept by min-waste) of 6 blocks:
+    8 blocks free; "b" is expected back later, so it goes first. With 1,000 tokens running, recomputing
+    either would waste more than keeping it for the few tens of ms these tests last."""
+    pool = Pool(blocks=20)
+    core = make("infercept", pool, host_slots=host_slots)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0, aug="math", expected=0.0001)
+    pause(core, pool, "b", 6 * BLOCK, now=0.0, aug="math", expected=0.0002)
+    return pool, core
+
+
+def test_infercept_swaps_under_pressure_instead_of_demoting_and_the_head_waits_for_the_copy() -> None:
+    pool, core = pressed()
+    # A resumed or new request at the head needs 10 blocks; 8 are free; nothing else is short.
+    view = StepView(blocks_needed=10, head_waiting="new", head_blocks=10, running_requests=1, running_tokens=1000, blocks_ahead=10)
+    step(core, pool, 0.01, view)
+    assert core.entries["b"].state is KvState.SWAPPING_OUT and core.entries["a"].state is KvState.PRESERVED
+    assert core.ledger.totals.pressure_swaps == 1 and core.ledger.totals.demoted == 0
+    step(core, pool, 0.02, view)  # the copy under way will make the room: nothing more moves
+    assert core.ledger.totals.pressure_swaps == 1 and core.entries["a"].state is KvState.PRESERVED
+    step(core, pool, 0.025, view)
+    assert core.entries["b"].state is KvState.SWAPPED and core.entries["b"].record.kv_fate is Fate.SWAP
+    assert pool.num_free_blocks() == 14 and core.ledger.totals.demoted == 0
+
+
+def test_infercept_swaps_ahead_of_need_for_the_prompts_under_way() -> None:
+    """This step fits, but the prompts and recomputes under way will need 12 blocks: the copy starts now."""
+    pool, core = pressed()
+    step(core, pool, 0.01, StepView(blocks_needed=4, head_waiting=None, running_requests=2, running_tokens=1000, blocks_ahead=12))
+    assert core.entries["b"].state is KvState.SWAPPING_OUT and core.ledger.totals.pressure_swaps == 1
+    assert pool.num_free_blocks() == 8  # nothing freed yet: the copy frees the blocks when done
+
+
+def test_what_running_requests_need_this_step_is_freed_at_once() -> None:
+    pool, core = pressed()
+    step(core, pool, 0.01, StepView(blocks_needed=10, head_waiting=None, running_requests=3, running_tokens=1000, blocks_ahead=10))
+    assert core.entries["b"].record.kv_fate is Fate.DEMOTED and core.ledger.totals.pressure_swaps == 0
+    assert core.entries["a"].state is KvState.PRESERVED and pool.num_free_blocks() == 14
+
+
+def test_with_a_full_host_buffer_only_this_steps_need_demotes() -> None:
+    pool, core = pressed(host_slots=4)  # a 6-block context does not fit
+    step(core, pool, 0.01, StepView(blocks_needed=6, head_waiting="new", head_blocks=6, running_requests=1, running_tokens=1000, blocks_ahead=12))
+    assert core.ledger.totals.demoted == 0 and core.ledger.totals.pressure_swaps == 0  # room ahead alone: kept
+    step(core, pool, 0.02, StepView(blocks_needed=10, head_waiting="new", head_blocks=10, running_requests=1, running_tokens=1000, blocks_ahead=10))
+    assert core.entries["b"].record.kv_fate is Fate.DEMOTED and core.entries["a"].state is KvState.PRESERVED
+
+
+def test_with_nothing_running_pressure_demotes_as_before() -> None:
+    """Copies travel with a step's forward pass: with nothing running, waiting for one could stall."""
+    pool, core = pressed()
+    step(core, pool, 0.01, StepView(blocks_needed=10, head_waiting="new", head_blocks=10, running_requests=0, running_tokens=1000, blocks_ahead=10))
+    assert core.entries["b"].record.kv_fate is Fate.DEMOTED and core.ledger.totals.pressure_swaps == 0
+
+
+def test_the_paper_policy_demotes_under_pressure() -> None:
+    pool = Pool(blocks=20)
+    core = make("infercept-paper", pool)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0, aug="math", expected=0.0001)
+    pause(core, pool, "b", 6 * BLOCK, now=0.0, aug="math", expected=0.0002)
+    step(core, pool, 0.01, StepView(blocks_needed=10, head_waiting="new", head_blocks=10, running_requests=1, running_tokens=1000, blocks_ahead=10))
+    assert core.ledger.totals.demoted == 1 and core.ledger.totals.pressure_swaps == 0
