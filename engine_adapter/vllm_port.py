@@ -80,10 +80,12 @@ class VllmPort:
                 break
         head_blocks = 0
         if head is not None:
-            todo = head.num_tokens - head.num_computed_tokens
+            todo = min(head.num_tokens, s.max_model_len) - head.num_computed_tokens
             ahead += self._new_blocks(head, todo)
             if budget > 0:
-                head_blocks = self._new_blocks(head, min(todo, budget))
+                # vLLM admits a waiting request only when its whole sequence fits (its
+                # `scheduler_reserve_full_isl`, on by default), not just this step's chunk.
+                head_blocks = self._new_blocks(head, todo if s.scheduler_reserve_full_isl else min(todo, budget))
         return StepView(
             blocks_needed=need + head_blocks,
             head_waiting=head.request_id if head is not None else None,

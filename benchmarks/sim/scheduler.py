@@ -148,10 +148,10 @@ class SimScheduler:
         head = self.kv_ready[0][1] if self.kv_ready else next(iter(self.waiting), None)
         head_blocks = 0
         if head is not None:
-            todo = head.num_tokens - head.num_computed
+            todo = min(head.num_tokens, self.max_model_len) - head.num_computed
             ahead += self._new_blocks(head, todo)
-            if budget > 0:
-                head_blocks = self._new_blocks(head, min(todo, budget))
+            if budget > 0:  # admitted only when its whole sequence fits, as `schedule` does
+                head_blocks = self._new_blocks(head, todo)
         return StepView(blocks_needed=need + head_blocks, head_waiting=head.rid if head is not None else None,
                         head_blocks=head_blocks, running_requests=len(self.running),
                         running_tokens=sum(r.num_computed for r in self.running), blocks_ahead=ahead)

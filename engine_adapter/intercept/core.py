@@ -169,11 +169,13 @@ class InterceptCore:
         """Give preserved KV (and running slots) back when running or resumed work needs them, so a
         paused request can never starve the batch. Paused requests expected back last go first.
 
-        Under a policy that swaps under pressure, the room the head of the queue needs is made by
-        copying those contexts to the host instead of freeing them: the head waits the few steps the
-        copies take, and the contexts come back by a swap-in instead of a recompute. Only what the
-        running requests need this step is freed at once (vLLM would preempt one of them otherwise),
-        and only while something runs (copies are shipped with a step's forward pass)."""
+        Under a policy that swaps under pressure, room is made by copying those contexts to the host
+        instead of freeing them, and ahead of need: as soon as the prompts and recomputes under way
+        (and the head of the queue's) will not fit in what is free plus what copies under way give
+        back (`StepView.blocks_ahead`). The head waits the few steps a copy takes, and the contexts
+        come back by a swap-in instead of a recompute. Only what the running requests need this
+        step is freed at once (vLLM would preempt one of them otherwise), and only while something
+        runs (copies are shipped with a step's forward pass)."""
         head = view.head_waiting
         # Brand-new requests may wait for preserved KV (the preserve policy's cost), unless nothing
         # runs, in which case waiting would be a deadlock.
@@ -189,16 +191,14 @@ class InterceptCore:
         moving = [e for e in self.entries.values() if e.state is KvState.SWAPPING_OUT]
         coming_blocks = sum(len(self.kv.block_ids(e.request_id)) for e in moving) if may_wait else 0
         coming_slots = len(moving)
-        # A request already copying out is freed within a step or two anyway: demoting it would throw
-        # the copy away.
         for rid in demotion_order(self._views(KvState.PRESERVED)):
             free = self.kv.num_free_blocks()
             short_of_slots = wants_room and self.kv.slots_full()
             met_now = free >= reserve and not short_of_slots
             if not may_wait and met_now:
-                return
+                break
             if may_wait and free >= now_need and free + coming_blocks >= target and not (short_of_slots and coming_slots == 0):
-                return  # the copies under way make the room: the head waits for them
+                break  # the copies under way make the room: the head waits for them
             if rid == head:
                 continue
             e = self.entries[rid]
@@ -209,8 +209,16 @@ class InterceptCore:
                 self.ledger.totals.pressure_swaps += 1
                 continue
             if met_now:
-                return  # only room ahead is missing, and the host cannot take this context: keep it
+                break  # only room ahead is missing, and the host cannot take this context: keep it
             self.free(e, Fate.DEMOTED, now)
+        # A request copying out is freed within a few steps anyway, so it is given back only when the
+        # running requests still lack blocks for this very step (vLLM would preempt one of them, a
+        # worse loss): the copies that moved least go first.
+        for e in sorted(moving, key=lambda e: e.host.copied_out / max(1, len(e.host.slots)) if e.host else 0.0):
+            if self.kv.num_free_blocks() >= now_need:
+                break
+            if e.state is KvState.SWAPPING_OUT and e.request_id != head:
+                self.free(e, Fate.DEMOTED, now)
 
     def _swap_fits(self, e: Entry) -> bool:
         """The context has a full block to copy and the host buffer has room for all of them."""
@@ -236,7 +244,7 @@ class InterceptCore:
         if self.swap is not None:
             self._settle(now)
         self.expire(now)
-        if any(e.state is KvState.PRESERVED for e in self.entries.values()):
+        if any(e.state.on_device for e in self.entries.values()):
             self.demote(view.get(), now)
         if self.swap is not None:
             self._plan_swaps(view, now)
@@ -340,7 +348,8 @@ class InterceptCore:
         loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
         want_in = (sum(e.host.tokens for e in self._ordered(KvState.LOAD_QUEUED) if e.host)
                    + sum(h.blocks_to_load for h in loading) * self.block_size)
-        budget = sw.budgets(inflight + sum(v.context_tokens for v in candidates), want_in, self.kv.num_free_blocks())
+        budget = sw.budgets(inflight + sum(v.context_tokens for v in candidates), want_in, self.kv.num_free_blocks(),
+                            reserved_out_tokens=inflight)
         if candidates and self.spec.decide is not None:
             decision = self.spec.decide(DecisionInput(
                 now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,

@@ -117,7 +117,9 @@ class StepView:
 
     blocks_needed: int  # new blocks the running requests and the first ready waiting one need
     head_waiting: str | None  # that waiting request
-    head_blocks: int = 0  # of `blocks_needed`, the head's (a swap-in head needs its whole context at once)
+    # Of `blocks_needed`, the head's: for its whole sequence, since vLLM admits a waiting request only
+    # when all of it fits (a swap-in head needs its whole context at once anyway).
+    head_blocks: int = 0
     running_requests: int = 0
     running_tokens: int = 0  # context tokens of the running batch
     # New blocks the running requests and that waiting one need to finish the prompt or recompute

@@ -114,10 +114,12 @@ class SwapPlanner:
         host.slots = []
 
     # ------------------------------------------------------------------ per step
-    def budgets(self, want_out_tokens: int, want_in_tokens: int, device_free_blocks: int) -> SwapBudget:
-        """This iteration's (out, in) token budgets."""
+    def budgets(self, want_out_tokens: int, want_in_tokens: int, device_free_blocks: int,
+                reserved_out_tokens: int = 0) -> SwapBudget:
+        """This iteration's (out, in) token budgets. `reserved_out_tokens`: what copies under way still
+        have to move, into host slots they reserved already (so not counted again against free ones)."""
         n = swap_limit_tokens(self.profile, self.last_batch_tokens)
-        b = split_swap_budget(n, want_out_tokens, want_in_tokens, self.slots.num_free * self.block_size,
+        b = split_swap_budget(n, want_out_tokens, want_in_tokens, self.slots.num_free * self.block_size + reserved_out_tokens,
                               device_free_blocks * self.block_size)
         self._step = StepSwap(limit=n, out_budget=b.out_tokens, in_budget=b.in_tokens)
         self.in_budget_blocks = b.in_tokens // self.block_size

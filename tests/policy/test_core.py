@@ -406,3 +406,22 @@ def test_the_paper_policy_demotes_under_pressure() -> None:
     pause(core, pool, "b", 6 * BLOCK, now=0.0, aug="math", expected=0.0002)
     step(core, pool, 0.01, StepView(blocks_needed=10, head_waiting="new", head_blocks=10, running_requests=1, running_tokens=1000, blocks_ahead=10))
     assert core.ledger.totals.demoted == 1 and core.ledger.totals.pressure_swaps == 0
+
+
+def test_a_copy_under_way_is_given_back_when_running_requests_lack_blocks_this_step() -> None:
+    """Every preserved context is already copying out: if the running requests still lack blocks for
+    this very step, the copy that moved least is dropped (vLLM would preempt a running request)."""
+    pool, core = pressed()
+    step(core, pool, 0.01, StepView(blocks_needed=4, head_waiting=None, running_requests=2, running_tokens=1000, blocks_ahead=20))
+    assert {core.entries[r].state for r in "ab"} == {KvState.SWAPPING_OUT}
+    step(core, pool, 0.011, StepView(blocks_needed=12, head_waiting=None, running_requests=3, running_tokens=1000, blocks_ahead=12))
+    dropped = [r for r in "ab" if core.entries[r].record.kv_fate is Fate.DEMOTED]
+    assert len(dropped) == 1 and pool.num_free_blocks() == 14
+    assert core.swap.slots.num_free == 32 - 6  # the dropped copy's host slots came back
+
+
+def test_copies_under_way_are_not_counted_twice_against_the_host_buffer() -> None:
+    planner = SwapPlanner(PROFILE, BLOCK, host_slots=6)
+    assert planner.reserve(6 * BLOCK) is not None and planner.slots.num_free == 0
+    # The copy's slots are reserved: its blocks still move at the full budget (3 blocks per step).
+    assert planner.budgets(6 * BLOCK, 0, 0, reserved_out_tokens=6 * BLOCK).out_tokens == 3 * BLOCK
