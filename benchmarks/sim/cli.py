@@ -49,6 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-overhead-us", type=float,
                    help="--validate: host time per held request per step, in us (default: fitted on --fit-on)")
     p.add_argument("--fit-on", default="discard", help="--validate: the policy the host time is fitted on (default discard; 'none': 0)")
+    p.add_argument("--fit-recompute-on", default=None,
+                   help="--validate: also fit, on this policy alone, a multiple of the profile's attention cost per "
+                        "(query, earlier key) pair, which recompute chunks pay (default: none, the grid's own)")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 
@@ -101,6 +104,7 @@ def main(args: argparse.Namespace) -> int:
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
                      context_share=args.decode_context_share, host_per_request_s=host,
                      fit_on=None if args.fit_on == "none" else args.fit_on, decode_grid=args.decode_grid,
+                     fit_recompute_on=args.fit_recompute_on,
                      cache_cliff=args.cache_cliff)
         v = {"command": _command(), **v}
         print_validation(v)

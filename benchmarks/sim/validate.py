@@ -19,12 +19,12 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from benchmarks.replay import REPO
-from benchmarks.sim.cost import KVSpill, context_shares, read_decode_grid
+from benchmarks.sim.cost import KVSpill, attention_pair_s, context_shares, pristine, read_decode_grid
 from benchmarks.sim.report import headline
 from benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
 from benchmarks.sim.sweep import sweep
@@ -33,6 +33,7 @@ from benchmarks.workload import ShareGPT
 DEFAULT_PROFILE = REPO / "configs" / "profiles" / "tiny-cpu-bench.json"
 _NOT_SETTING = ("profile", "profile_data", "priors_path")
 HOST_GRID_S = tuple(i * 20e-6 for i in range(21))  # 0 to 400 us per held request per step
+PAIR_SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # x the profile grid's cost per attention pair
 
 
 def read_bench(bench_path: str | Path) -> dict[str, Any]:
@@ -57,26 +58,38 @@ def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
 
 def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, host_per_request_s: float = 0.0,
-              step_overhead_s: float = 0.0, spill: KVSpill | None = None) -> SimBench:
+              step_overhead_s: float = 0.0, spill: KVSpill | None = None, pair_scale: float = 1.0) -> SimBench:
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
     default = token_budget or bj.get("token_budget_default")
     return SimBench(setting, profile_from_bench(st, fallback=DEFAULT_PROFILE), token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
-                    step_overhead_s=step_overhead_s, spill=spill)
+                    step_overhead_s=step_overhead_s, spill=spill, pair_s=_pair_s(st, pair_scale))
+
+
+def _pair_s(setting: Mapping[str, Any], scale: float) -> float | None:
+    """The attention cost per (query, earlier key) pair: the profile grid's own (None) or a multiple of it."""
+    if scale == 1.0:
+        return None
+    return scale * attention_pair_s(pristine(profile_from_bench(setting, fallback=DEFAULT_PROFILE)))
 
 
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = "discard",
-             decode_grid: str | Path | None = None, cache_cliff: bool = False, verbose: bool = True) -> dict[str, Any]:
+             decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
+             verbose: bool = True) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose max rate at the bench's SLO is closest to the measured one);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
     batch x context on the bench's machine; unless `context_share` is given, the share of each profile
     decode step that grows with context is taken from them (`context_shares`, on the steps short of a
-    cache cliff if they show one). `cache_cliff`: also charge the cliff (`KVSpill`) fitted on them."""
+    cache cliff if they show one). `cache_cliff`: also charge the cliff (`KVSpill`) fitted on them.
+    `fit_recompute_on`: after the host time, fit on that policy alone a multiple of the profile's
+    attention cost per (query, earlier key) pair, the cost a chunk of a recompute (or of a chunked
+    prompt) pays over the context before it and a lone prompt of the grid never does; fitting the host
+    time then on a policy that never recomputes (the bound) keeps the two apart."""
     bj = read_bench(bench_path)
     spill = None
     if decode_grid is not None:
@@ -103,10 +116,16 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
         else:
             fit = _fit_host(bj, fit_on, **kw)
             host_per_request_s = fit["host_per_request_s"]
+    pair_fit = None
+    if fit_recompute_on is not None:
+        pair_fit = _fit_grid(bj, fit_recompute_on, "pair_scale", PAIR_SCALE_GRID, host_per_request_s=host_per_request_s, **kw)
+        kw["pair_scale"] = pair_fit["pair_scale"]
     v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, **kw)
     v["bench"] = str(bench_path)
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"]["host_fit"] = fit
+    v["cost_model"]["recompute_fit"] = pair_fit
+    v["cost_model"]["pair_scale"] = kw.get("pair_scale", 1.0)
     v["cost_model"]["step_overhead_fit"] = step
     v["cost_model"]["decode_grid"] = str(decode_grid) if decode_grid is not None else None
     v["cost_model"]["decode_spill"] = spill.to_dict() if spill else None
@@ -148,33 +167,39 @@ def _fit_step_overhead(bj: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
 
 
 def _fit_host(bj: Mapping[str, Any], label: str, **kw: Any) -> dict[str, Any]:
-    """The grid value whose simulated median normalized latencies of `label` are closest to the measured
-    ones over every (seed, rate) run (mean absolute log ratio): every run of one policy, not only its
-    headline, which one noisy seed can move."""
+    """The host time per held request per step: `_fit_grid` over `HOST_GRID_S`."""
+    return _fit_grid(bj, label, "host_per_request_s", HOST_GRID_S, **kw)
+
+
+def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float], **kw: Any) -> dict[str, Any]:
+    """The grid value of the cost parameter `name` whose simulated median normalized latencies of `label`
+    are closest to the measured ones over every (seed, rate) run (mean absolute log ratio): every run
+    of one policy, not only its headline, which one noisy seed can move. Ties go to the smallest."""
     trials = []
-    for c in HOST_GRID_S:
-        v = _validate(bj, [label], host_per_request_s=c, verbose=False, **kw)
+    for c in grid:
+        v = _validate(bj, [label], verbose=False, **{**kw, name: c})
         p = v["policies"][label]
         errs = [abs(math.log(x["simulated"]["median_normalized_latency_s"] / x["measured"]["median_normalized_latency_s"]))
                 for x in v["per_rate"][label].values()
                 if x["simulated"]["median_normalized_latency_s"] and x["measured"]["median_normalized_latency_s"]]
-        trials.append({"host_per_request_s": c, "simulated": p["simulated"], "rel_error": p["rel_error"],
+        trials.append({name: c, "simulated": p["simulated"], "rel_error": p["rel_error"],
                        "latency_log_error": statistics.fmean(errs) if errs else None})
-    best = min(trials, key=lambda t: (t["latency_log_error"] if t["latency_log_error"] is not None else 1e9, t["host_per_request_s"]))
+    best = min(trials, key=lambda t: (t["latency_log_error"] if t["latency_log_error"] is not None else 1e9, t[name]))
     return {"fitted_on": label, "criterion": "mean |log(simulated / measured)| of the median normalized latency over "
-            "every (seed, rate) run", "host_per_request_s": best["host_per_request_s"], "trials": trials}
+            "every (seed, rate) run", name: best[name], "trials": trials}
 
 
 def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_request_s: float, verbose: bool,
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
-              spill: KVSpill | None = None) -> dict[str, Any]:
+              spill: KVSpill | None = None, pair_scale: float = 1.0) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
     seeds = [int(x) for x in bj["seeds"]]
     sb = sim_bench(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
-                   host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill)
+                   host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill,
+                   pair_scale=pair_scale)
     # The runner draws ShareGPT prompts (tokenized by the model's tokenizer) for these workloads when
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None

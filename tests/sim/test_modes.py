@@ -100,6 +100,31 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
     assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
 
 
+def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on_another(tmp_path: Path) -> None:
+    bench = fake_bench(tmp_path / "bench.json")
+    v = validate(bench, fit_on="unlimited-kv", fit_recompute_on="discard", step_overhead_s=0.001, verbose=False)
+    cm = v["cost_model"]
+    assert cm["host_fit"]["fitted_on"] == "unlimited-kv" and cm["recompute_fit"]["fitted_on"] == "discard"
+    # The chosen multiple of the grid's attention-pair cost is the trial with the least latency error
+    # of discard's runs, and it is the one every policy was then replayed with.
+    trials = cm["recompute_fit"]["trials"]
+    assert [t["pair_scale"] for t in trials] == sorted(t["pair_scale"] for t in trials) and len(trials) >= 5
+    best = min(t["latency_log_error"] for t in trials)
+    assert next(t for t in trials if t["pair_scale"] == cm["pair_scale"])["latency_log_error"] == best
+    # The multiple scales what a chunk over earlier context pays for it, and nothing else.
+    from benchmarks.sim.cost import StepLoad, attention_pair_s, make_cost, pristine
+    from benchmarks.sim.validate import read_bench, sim_bench
+
+    bj = read_bench(bench)
+    chunk = StepLoad(tokens=512, requests=1, context=1024, pairs=512 * 1024 + 512 * 513 // 2, cross=512 * 1024)
+    fwd = {}
+    for k in (1.0, 4.0):
+        sb = sim_bench(bj, pair_scale=k)
+        fwd[k] = make_cost(sb.profile, sb.context_share, sb.pair_s, sb.spill).forward_s(chunk)
+    grid_pair_s = attention_pair_s(pristine(sim_bench(bj).profile))
+    assert grid_pair_s > 0 and fwd[4.0] - fwd[1.0] == pytest.approx(3 * grid_pair_s * 512 * 1024)
+
+
 def test_validation_takes_the_context_share_and_the_cache_cliff_from_a_decode_grid(tmp_path: Path) -> None:
     grid = REPO / "results" / "sim" / "decode_context" / "decode.json"
     bench = fake_bench(tmp_path / "bench.json")
