@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.replay import REPO
-from benchmarks.sim.cost import KVSpill, attention_pair_s, context_shares, pristine, read_decode_grid
+from benchmarks.sim.cost import (
+    KVSpill,
+    attention_pair_s,
+    context_shares,
+    pristine,
+    read_decode_grid,
+)
 from benchmarks.sim.report import headline
 from benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
 from benchmarks.sim.sweep import sweep
