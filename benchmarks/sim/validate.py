@@ -69,16 +69,12 @@ def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
     default = token_budget or bj.get("token_budget_default")
-    return SimBench(setting, profile_from_bench(st, fallback=DEFAULT_PROFILE), token_budget=budgets, default_budget=default,
+    profile = profile_from_bench(st, fallback=DEFAULT_PROFILE)
+    # The attention cost per (query, earlier key) pair: the profile grid's own (None) or a multiple of it.
+    pair_s = None if pair_scale == 1.0 else pair_scale * attention_pair_s(pristine(profile))
+    return SimBench(setting, profile, token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
-                    step_overhead_s=step_overhead_s, spill=spill, pair_s=_pair_s(st, pair_scale))
-
-
-def _pair_s(setting: Mapping[str, Any], scale: float) -> float | None:
-    """The attention cost per (query, earlier key) pair: the profile grid's own (None) or a multiple of it."""
-    if scale == 1.0:
-        return None
-    return scale * attention_pair_s(pristine(profile_from_bench(setting, fallback=DEFAULT_PROFILE)))
+                    step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s)
 
 
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,

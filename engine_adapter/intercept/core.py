@@ -182,9 +182,12 @@ class InterceptCore:
         wants_room = head is not None and (head in self.request_of.values() or view.running_requests == 0)
         # A swap-in head allocates blocks for its whole host copy at once, not one chunk's worth.
         load = self.entries[head].load_blocks if head in self.entries else 0
-        head_need = view.head_blocks + max(0, load - view.head_blocks)
-        reserve = view.blocks_needed + max(0, load - view.head_blocks) + self.settings.demotion_reserve_blocks
-        may_wait = self.spec.swap_under_pressure and self.swap is not None and view.running_requests > 0
+        load_extra = max(0, load - view.head_blocks)
+        head_need = view.head_blocks + load_extra
+        reserve = view.blocks_needed + load_extra + self.settings.demotion_reserve_blocks
+        # The host buffer pressure swaps go to (None: this policy or this step demotes).
+        swap = self.swap if self.spec.swap_under_pressure and view.running_requests > 0 else None
+        may_wait = swap is not None
         now_need = reserve - head_need  # the running requests' blocks this step
         target = max(reserve, view.blocks_ahead + self.settings.demotion_reserve_blocks) if may_wait else reserve
         # Blocks and slots that copies already under way give back within a few steps.
@@ -202,7 +205,7 @@ class InterceptCore:
             if rid == head:
                 continue
             e = self.entries[rid]
-            if may_wait and free >= now_need and self._swap_fits(e):
+            if swap is not None and free >= now_need and swap.fits(e.context_tokens):
                 coming_blocks += len(self.kv.block_ids(rid))
                 coming_slots += 1
                 self.start_swap_out(e, now)
@@ -217,14 +220,8 @@ class InterceptCore:
         for e in sorted(moving, key=lambda e: e.host.copied_out / max(1, len(e.host.slots)) if e.host else 0.0):
             if self.kv.num_free_blocks() >= now_need:
                 break
-            if e.state is KvState.SWAPPING_OUT and e.request_id != head:
+            if e.request_id != head:
                 self.free(e, Fate.DEMOTED, now)
-
-    def _swap_fits(self, e: Entry) -> bool:
-        """The context has a full block to copy and the host buffer has room for all of them."""
-        assert self.swap is not None
-        n = e.context_tokens // self.block_size
-        return 0 < n <= self.swap.slots.num_free
 
     def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
         """Refine a session's current pause (the caller may know more, e.g. an oracle duration)."""

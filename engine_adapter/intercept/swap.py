@@ -103,11 +103,18 @@ class SwapPlanner:
         self._step: StepSwap | None = None
 
     # ------------------------------------------------------------------ host slots
+    def fits(self, context_tokens: int) -> bool:
+        """`reserve` would succeed: the context has a full block and the buffer room for all of them."""
+        return 0 < context_tokens // self.block_size <= self.slots.num_free
+
     def reserve(self, context_tokens: int) -> HostCopy | None:
         """Host slots for a context's full blocks; None when it has none or the buffer is full."""
+        if not self.fits(context_tokens):
+            return None
         n = context_tokens // self.block_size
-        slots = self.slots.take(n) if n else None
-        return None if slots is None else HostCopy(slots=slots, tokens=n * self.block_size)
+        slots = self.slots.take(n)
+        assert slots is not None
+        return HostCopy(slots=slots, tokens=n * self.block_size)
 
     def release(self, host: HostCopy) -> None:
         self.slots.give(host.slots)
