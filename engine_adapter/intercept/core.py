@@ -95,13 +95,13 @@ class InterceptCore:
         self.ledger.release_kv(e.record, fate, now)
 
     def start_swap_out(self, e: Entry, now: float) -> bool:
-        """Reserve host slots for the context's full blocks and queue the copy; a context without a
-        full block or a full host buffer falls back to discard."""
+        """Reserve host slots for the context's blocks and queue the copy; a full host buffer falls back
+        to discard."""
         self._expect(e, KvState.PRESERVED)
         assert self.swap is not None
         host = self.swap.reserve(e.context_tokens)
         if host is None:
-            if e.context_tokens >= self.block_size:
+            if e.context_tokens > 0:
                 self.ledger.totals.swap_fallbacks += 1
             self.free(e, Fate.DISCARD, now)
             return False
@@ -343,10 +343,10 @@ class InterceptCore:
         # blocks they still have to copy (counting only the queued ones starved the loads already under
         # way to one block per step once the queue emptied).
         loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
-        want_in = (sum(e.host.tokens for e in self._ordered(KvState.LOAD_QUEUED) if e.host)
-                   + sum(h.blocks_to_load for h in loading) * self.block_size)
-        budget = sw.budgets(inflight + sum(v.context_tokens for v in candidates), want_in, self.kv.num_free_blocks(),
-                            reserved_out_tokens=inflight)
+        queued_in = [e.host for e in self._ordered(KvState.LOAD_QUEUED) if e.host]
+        want_in = sum(h.blocks_to_load for h in queued_in + loading) * self.block_size
+        want_out = inflight + sum(sw.blocks(v.context_tokens) for v in candidates) * self.block_size
+        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight)
         if candidates and self.spec.decide is not None:
             decision = self.spec.decide(DecisionInput(
                 now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,

@@ -1,8 +1,9 @@
 """Swap bookkeeping of the intercept core: host slots, per-iteration budgets, and the copy lists the
 KV connector ships to the workers. Pure (no vLLM, no torch).
 
-A host slot holds one KV block (all layers). Only full blocks travel: a context's partial last block is
-recomputed at the resume, which keeps the copy layout-agnostic.
+A host slot holds one KV block (all layers). Every block of a context travels, its partial last block
+too (copied whole: the slots past the context are overwritten by the resume's first forward pass, which
+runs only after the load has finished), so a swapped context comes back with nothing to recompute.
 
 Per iteration the budget is the paper's swap limit N_i (the tokens whose copy hides behind the forward
 pass of the previous iteration's batch), split between swap-out and swap-in (Sec. 4.2).
@@ -46,7 +47,7 @@ class HostCopy:
     """A paused request's KV in the host buffer, or on its way there or back."""
 
     slots: list[int]  # host slot of the request's i-th block
-    tokens: int  # context tokens covered (full blocks)
+    tokens: int  # context tokens covered (all of them; the last block may be partly filled)
     copied_out: int = 0  # blocks planned for copy-out so far
     to_load: deque[tuple[int, int]] | None = None  # (device block, slot) pairs still to copy in
 
@@ -103,18 +104,21 @@ class SwapPlanner:
         self._step: StepSwap | None = None
 
     # ------------------------------------------------------------------ host slots
+    def blocks(self, context_tokens: int) -> int:
+        """Blocks (host slots) a context of this many tokens occupies, its partial last block included."""
+        return -(-context_tokens // self.block_size)
+
     def fits(self, context_tokens: int) -> bool:
-        """`reserve` would succeed: the context has a full block and the buffer room for all of them."""
-        return 0 < context_tokens // self.block_size <= self.slots.num_free
+        """`reserve` would succeed: the context has KV and the buffer room for all of its blocks."""
+        return 0 < self.blocks(context_tokens) <= self.slots.num_free
 
     def reserve(self, context_tokens: int) -> HostCopy | None:
-        """Host slots for a context's full blocks; None when it has none or the buffer is full."""
+        """Host slots for all of a context's blocks; None when it has none or the buffer is full."""
         if not self.fits(context_tokens):
             return None
-        n = context_tokens // self.block_size
-        slots = self.slots.take(n)
+        slots = self.slots.take(self.blocks(context_tokens))
         assert slots is not None
-        return HostCopy(slots=slots, tokens=n * self.block_size)
+        return HostCopy(slots=slots, tokens=context_tokens)
 
     def release(self, host: HostCopy) -> None:
         self.slots.give(host.slots)

@@ -132,14 +132,16 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
     costs = []
     for v in inp.paused:
         ctx = v.context_tokens
+        blocks = -(-ctx // inp.block_size)  # every block travels, the partial last one too
         remaining = est.remaining_s(v.aug_type, inp.now_s - v.paused_at_s, v.expected_duration_s)
-        round_trip = prof.t_swap_out_s(ctx) + prof.t_swap_in_s(ctx)
+        moved = blocks * inp.block_size
+        round_trip = prof.t_swap_out_s(moved) + prof.t_swap_in_s(moved)
         # With prefix caching, the full blocks of a discarded context stay hittable until reused
         # (optimistic: under pressure they are reallocated first).
         cached = ctx // inp.block_size * inp.block_size if inp.prefix_caching else 0
         costs.append(PausedCost(
             request_id=v.request_id,
-            context_blocks=ctx // inp.block_size,  # only full blocks travel
+            context_blocks=blocks,
             waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
             waste_discard=waste_chunked_discard_byte_s(prof, ctx, inp.running_tokens, chunk, cached),
             swap_worthwhile=remaining > round_trip + prof.t_fwd_s(max(1, inp.last_batch_tokens)),

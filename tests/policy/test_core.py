@@ -145,46 +145,47 @@ def test_ttl_expires_at_the_ttl_not_when_noticed() -> None:
 def test_swap_path_step_by_step_within_budgets() -> None:
     pool = Pool()
     core = make("swap", pool, host_slots=32)
-    pause(core, pool, "a", 5 * BLOCK + 3, now=0.0)  # 5 full blocks travel, the 3-token tail does not
+    pause(core, pool, "a", 5 * BLOCK + 3, now=0.0)  # 6 blocks travel: the 3-token tail's block too
     e = core.entries["a"]
-    assert e.state is KvState.SWAPPING_OUT and e.host is not None and e.host.tokens == 5 * BLOCK
+    assert e.state is KvState.SWAPPING_OUT and e.host is not None and e.host.tokens == 5 * BLOCK + 3
+    assert len(e.host.slots) == 6
     device = pool.block_ids("a")
     c1 = step(core, pool, 0.01)
     assert [d for d, _ in c1.swap_out] == device[:3]  # 3 blocks per step (the swap limit)
     c2 = step(core, pool, 0.02)
-    assert [d for d, _ in c2.swap_out] == device[3:5] and e.state is KvState.SWAPPING_OUT
+    assert [d for d, _ in c2.swap_out] == device[3:6] and e.state is KvState.SWAPPING_OUT
     step(core, pool, 0.03)  # the step that copied the last blocks has run: the device copy goes
     assert e.state is KvState.SWAPPED and pool.released == ["a"] and e.record.kv_fate is Fate.SWAP
-    assert check_integrity(core, pool.counts(core.paused_ids(on_device=True))).host_tokens == 5 * BLOCK
+    assert check_integrity(core, pool.counts(core.paused_ids(on_device=True))).host_tokens == 5 * BLOCK + 3
 
     r = core.resume("a", 1.0, 99.0)
     assert r.kind is ResumeKind.LOAD and e.state is KvState.LOAD_QUEUED
     assert core.load_lookup("a", 0) == (None, False)  # held back until armed
     step(core, pool, 1.01)
-    assert e.state is KvState.LOAD_ARMED and core.load_lookup("a", 0) == (5 * BLOCK, True)
-    core.load_allocated("a", [40, 41, 42, 43, 44, 45], 5 * BLOCK)
+    assert e.state is KvState.LOAD_ARMED and core.load_lookup("a", 0) == (5 * BLOCK + 3, True)
+    core.load_allocated("a", [40, 41, 42, 43, 44, 45], 5 * BLOCK + 3)
     got = []
     for t in (1.02, 1.03):
         c = core.step_copies()
         got += c.swap_in
-    assert [d for d, _ in got] == [40, 41, 42, 43, 44] and e.state is KvState.LOADED
+    assert [d for d, _ in got] == [40, 41, 42, 43, 44, 45] and e.state is KvState.LOADED
     assert c.loads_done == ["a"]
     core.before_schedule(lambda: idle_view(pool), 1.04)  # host slots come back one step later
     assert e.host is None and core.swap.slots.num_free == 32
-    core.scheduled([("a", 5 * BLOCK)], 5 * BLOCK + 3)
+    core.scheduled([("a", 5 * BLOCK + 3)], 8)  # vLLM resumes at the loaded length: nothing recomputed
     rec = core.ledger.records[-1]
-    assert (rec.restored_by, rec.tokens_swapped_in, rec.tokens_recomputed) == (RestoredBy.SWAP, 5 * BLOCK, 3)
-    assert core.meter.recomputing == {"a": 3}
+    assert (rec.restored_by, rec.tokens_swapped_in, rec.tokens_recomputed) == (RestoredBy.SWAP, 5 * BLOCK + 3, 0)
+    assert core.meter.recomputing == {}
 
 
 def test_full_host_buffer_falls_back_to_discard() -> None:
     pool = Pool()
-    core = make("swap", pool, host_slots=2)
+    core = make("swap", pool, host_slots=3)
     pause(core, pool, "a", 2 * BLOCK, now=0.0)
-    pause(core, pool, "b", 2 * BLOCK, now=0.0)
-    pause(core, pool, "c", BLOCK - 1, now=0.0)  # no full block: nothing to swap (not a fallback)
-    assert core.entries["b"].state is KvState.DISCARDED and core.entries["c"].state is KvState.DISCARDED
-    assert core.ledger.totals.swap_fallbacks == 1
+    pause(core, pool, "b", 2 * BLOCK, now=0.0)  # one slot left: does not fit
+    pause(core, pool, "c", BLOCK - 1, now=0.0)  # under one block: travels in the last slot
+    assert core.entries["b"].state is KvState.DISCARDED and core.entries["c"].state is KvState.SWAPPING_OUT
+    assert core.ledger.totals.swap_fallbacks == 1 and core.swap.slots.num_free == 0
 
 
 def test_resume_during_copy_out_keeps_the_device_copy() -> None:
