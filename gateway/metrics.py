@@ -77,8 +77,10 @@ class GatewayMetrics:
         self.engine_intercepts.set(stats.totals.intercepts)
         self.paused.set(stats.paused)
         swap = stats.swap
-        self.swap_bytes.labels("out").set(swap.tokens_out * swap.kv_bytes_per_token if swap else 0)
-        self.swap_bytes.labels("in").set(swap.tokens_in * swap.kv_bytes_per_token if swap else 0)
+        # Whole blocks move (a context's partly filled last block too): bytes from blocks, not tokens.
+        block_bytes = stats.block_size * swap.kv_bytes_per_token if swap else 0
+        self.swap_bytes.labels("out").set(swap.blocks_out * block_bytes if swap else 0)
+        self.swap_bytes.labels("in").set(swap.blocks_in * block_bytes if swap else 0)
         tally = TallyCounter(session_states)
         for state in ("generating", "in_tool", "awaiting_user"):
             self.sessions.labels(state).set(tally.get(state, 0))

@@ -67,6 +67,10 @@ class PolicySpec:
             raise ValueError(f"policy {self.name}: swapping at the pause needs swap=True")
         if self.swap_under_pressure and not self.swap:
             raise ValueError(f"policy {self.name}: swapping under pressure needs swap=True")
+        if self.swap and self.prefix_caching:
+            # A swap-in maps host slot i onto the request's i-th device block (`InterceptCore.load_allocated`);
+            # prefix-cache hits ahead of the loaded tokens would shift that mapping.
+            raise ValueError(f"policy {self.name}: swap and prefix caching together are not supported")
 
 
 DEFAULT_TTL_S: Mapping[str, float] = {

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 
 from engine_adapter.engine import InterceptEngine
+from gateway.metrics import GatewayMetrics
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
 from tests.engine.helpers import fresh_output, run_turn, wait_all_free
 
@@ -51,6 +52,12 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
 
     stats = await engine.stats()
     assert stats.swap.tokens_in >= rec.tokens_swapped_in
+    # The gateway's gauge counts the bytes really copied: whole blocks, the partly filled one too.
+    metrics = GatewayMetrics()
+    metrics.refresh(stats, [])
+    moved_in = stats.swap.blocks_in * block * stats.swap.kv_bytes_per_token
+    assert moved_in > stats.swap.tokens_in * stats.swap.kv_bytes_per_token
+    assert metrics.registry.get_sample_value("infercept_swap_bytes", {"direction": "in"}) == moved_in
     # Per iteration, what moved stayed within that iteration's budget (block granularity: a budget
     # under one block still moves one block, so copies always finish).
     budgets, moved = stats.swap.recent_budgets, stats.swap.moved

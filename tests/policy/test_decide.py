@@ -74,3 +74,12 @@ def test_unknown_policy_and_names() -> None:
     assert set(POLICY_NAMES) == set(POLICIES) == {
         "discard", "vllm-apc", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
         "infercept-paper", "infercept"}
+
+
+def test_policy_table_refuses_swap_with_prefix_caching() -> None:
+    # A swap-in maps host slots onto the request's first device blocks; prefix hits would shift them.
+    import dataclasses
+
+    with pytest.raises(ValueError, match="swap and prefix caching together are not supported"):
+        dataclasses.replace(policy_spec("infercept"), prefix_caching=True)
+    assert not any(p.swap and p.prefix_caching for p in POLICIES.values())
