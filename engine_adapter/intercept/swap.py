@@ -16,7 +16,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine_adapter.policy.profile import Profile
-from engine_adapter.policy.waste import SwapBudget, split_swap_budget, swap_limit_tokens
+from engine_adapter.policy.waste import (
+    SwapBudget,
+    split_swap_budget,
+    swap_limit_tokens,
+    swapped_blocks,
+)
 
 
 class SlotPool:
@@ -105,8 +110,8 @@ class SwapPlanner:
 
     # ------------------------------------------------------------------ host slots
     def blocks(self, context_tokens: int) -> int:
-        """Blocks (host slots) a context of this many tokens occupies, its partial last block included."""
-        return -(-context_tokens // self.block_size)
+        """Host slots a context of this many tokens takes (`swapped_blocks`)."""
+        return swapped_blocks(context_tokens, self.block_size)
 
     def fits(self, context_tokens: int) -> bool:
         """`reserve` would succeed: the context has KV and the buffer room for all of its blocks."""

@@ -18,6 +18,7 @@ from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.waste import (
     recompute_chunk_tokens,
+    swapped_blocks,
     waste_chunked_discard_byte_s,
     waste_preserve_byte_s,
 )
@@ -132,7 +133,7 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
     costs = []
     for v in inp.paused:
         ctx = v.context_tokens
-        blocks = -(-ctx // inp.block_size)  # every block travels, the partial last one too
+        blocks = swapped_blocks(ctx, inp.block_size)
         remaining = est.remaining_s(v.aug_type, inp.now_s - v.paused_at_s, v.expected_duration_s)
         moved = blocks * inp.block_size
         round_trip = prof.t_swap_out_s(moved) + prof.t_swap_in_s(moved)

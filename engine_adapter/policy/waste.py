@@ -71,6 +71,12 @@ def recompute_chunk_tokens(p: Profile, running_batch_tokens: int, min_chunk_toke
     return max(min_chunk_tokens, p.saturation_tokens - running_batch_tokens)
 
 
+def swapped_blocks(context_tokens: int, block_size: int) -> int:
+    """Blocks (host slots) a swapped context takes and its copy moves: all of them, the partly filled
+    last block too (copied whole), so the context comes back with nothing to recompute."""
+    return -(-context_tokens // block_size)
+
+
 def swap_limit_tokens(p: Profile, batch_tokens: int) -> int:
     """N_i: tokens whose swap time fits in the iteration's forward time T_fwd(B_i), so the copy hides
     behind compute. Uses the slower direction, so either split of it fits."""
