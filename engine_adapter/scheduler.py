@@ -54,7 +54,10 @@ class InterceptScheduler(Scheduler):
         self.ic = build_core(cfg, self.ic_port, model=self.vllm_config.model_config.model,
                              device=str(current_platform.device_type), block_size=self.block_size,
                              kv_bytes_per_token=kv_block_bytes(self.kv_cache_config) // self.block_size,
-                             host_slots=conn.host_slots if conn is not None else 0)
+                             host_slots=conn.host_slots if conn is not None else 0,
+                             # vLLM zeroes newly allocated blocks (Mamba, mixed-precision caches) before the
+                             # forward, so before a copy of a block released in that step could read it.
+                             release_when_copied=not self.kv_cache_config.needs_kv_cache_zeroing)
         if self.ic.spec.swap:
             if conn is None:
                 raise RuntimeError(f"policy {cfg.policy!r} needs the InterceptSwapConnector as KV connector")

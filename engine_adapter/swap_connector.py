@@ -11,9 +11,17 @@ Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"
   loaded after its last chunk. `build_connector_meta` ships each step's copies.
 * worker role (next to the model runner): holds the KV tensors and the host buffer (`kv_copy.py`).
   Swap-out of layer L is issued in `save_kv_layer(L)`, right after layer L's attention, so the copy
-  overlaps the remaining layers' compute; swap-in chunks are issued in `start_load_kv`, which vLLM calls
-  after launching the forward for asynchronous loads (the loading request does not compute in that
-  step). `wait_for_save` is the step's barrier. A step without a forward pass copies everything there.
+  overlaps the remaining layers' compute. The core releases a context's device blocks in the step that
+  copies its last blocks, so vLLM may hand them to other requests in that very step; those copies
+  (`swap_out_first`: released blocks vLLM reallocated) must read the blocks before the forward pass
+  writes them. For such a step `build_connector_meta` asks vLLM to call `start_load_kv` before the
+  forward (`SchedulerOutput.has_sync_kv_loads`, as vLLM's HiSparse connector does), which issues them
+  for every layer, each fenced (`BlockCopier.copy_out(fence=True)`); the compute stream waits for layer
+  L+1's fence when layer L's attention starts (`wait_for_layer_load(L)`), so before layer L+1's KV write
+  (vLLM 0.32's backends write a layer's KV in `unified_kv_cache_update`, before that layer's attention
+  and its connector hooks). Swap-in chunks are issued in `start_load_kv` too (the loading request does
+  not compute in that step). `wait_for_save` is the step's barrier. A step without a forward pass copies
+  everything there. The engine runs eager (`enforce_eager=True`), so every attention layer calls the hooks.
 
 vLLM 0.32 internals relied on: `KVConnectorBase_V1` (the hooks above, `request_finished`,
 `get_finished`), `KVConnectorMetadata`, `KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks,
@@ -51,6 +59,7 @@ MODULE_PATH = "engine_adapter.swap_connector"
 class SwapMeta(KVConnectorMetadata):
     host_slots: int
     swap_out: list[tuple[int, int]] = field(default_factory=list)  # (device block, host slot)
+    swap_out_first: list[tuple[int, int]] = field(default_factory=list)  # before the forward writes them
     swap_in: list[tuple[int, int]] = field(default_factory=list)
     loads_done: list[str] = field(default_factory=list)  # requests whose last chunk is in this step
 
@@ -73,6 +82,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._saved: set[str] = set()
         self._loaded_step = False
         self._done_loads: set[str] = set()
+        self._next_layer: dict[str, str] = {}
         self._step_started = time.perf_counter()
 
     # ============================================================== scheduler side
@@ -95,7 +105,10 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self.core is None:
             return SwapMeta(host_slots=0)
         c = self.core.step_copies()
-        return SwapMeta(host_slots=self.host_slots, swap_out=c.swap_out, swap_in=c.swap_in, loads_done=c.loads_done)
+        if c.swap_out_first:
+            scheduler_output.has_sync_kv_loads = True  # start_load_kv before the forward pass
+        return SwapMeta(host_slots=self.host_slots, swap_out=c.swap_out, swap_out_first=c.swap_out_first,
+                        swap_in=c.swap_in, loads_done=c.loads_done)
 
     def request_finished(self, request: Request, block_ids: list[int]) -> tuple[bool, dict[str, Any] | None]:
         return False, None  # the intercept core already forgot it (InterceptScheduler._free_request)
@@ -106,12 +119,14 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
         num_blocks = self._kv_cfg.num_blocks if self._kv_cfg is not None else None
         self.copier = BlockCopier(dict(kv_caches), block_dims(kv_caches, num_blocks), host_slots=0)
+        names = list(kv_caches)  # the model's layer order
+        self._next_layer = dict(zip(names, names[1:]))
 
     def _meta(self) -> SwapMeta | None:
         if not self.has_connector_metadata():
             return None
         meta = self._get_connector_metadata()
-        if not isinstance(meta, SwapMeta) or not (meta.swap_in or meta.swap_out or meta.loads_done):
+        if not isinstance(meta, SwapMeta) or not (meta.swap_in or meta.swap_out or meta.swap_out_first or meta.loads_done):
             return None
         return meta
 
@@ -128,15 +143,28 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if meta is None or self._loaded_step or self.copier is None:
             return
         self._loaded_step = True
+        if meta.swap_out_first:
+            # Released blocks vLLM gave to other requests in this step: read them before the forward
+            # pass writes them (the compute stream waits for each layer's fence, one layer ahead).
+            for name in self.copier.kv:
+                self.copier.copy_out(name, meta.swap_out_first, fence=True)
+            self.copier.wait_layer(next(iter(self.copier.kv)))
         for name in self.copier.kv:
             self.copier.copy_in(name, meta.swap_in)
         self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        return  # loads are asynchronous: the loading request does not compute in this step
+        # Loads are asynchronous (the loading request does not compute in this step); what waits here
+        # is the next layer's KV write, for the fenced copies of reused blocks.
+        if self.copier is not None and layer_name in self._next_layer:
+            self.copier.wait_layer(self._next_layer[layer_name])
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         meta = self._meta()
+        if meta is not None and meta.swap_out_first and not self._loaded_step:
+            # vLLM ran the forward before start_load_kv although the step asked otherwise: reused blocks
+            # were overwritten before their copy. Fail loudly rather than resume a corrupt context.
+            raise RuntimeError("swap-out of reused blocks was not issued before the forward pass")
         if meta is None or not meta.swap_out or layer_name in self._saved or self.copier is None:
             return
         self.copier.copy_out(layer_name, meta.swap_out)
@@ -146,10 +174,10 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         meta = self._meta()
         if meta is not None and self.copier is not None:
             # A step without a forward pass (or layers without the hooks) still moves everything.
+            self.start_load_kv(None)
             for name in self.copier.kv:
                 if meta.swap_out and name not in self._saved:
                     self.save_kv_layer(name, self.copier.kv[name], None)
-            self.start_load_kv(None)
         if self.copier is None:
             return
         moved = self.copier.bytes_moved

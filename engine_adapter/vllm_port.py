@@ -5,7 +5,7 @@ machinery touches outside the hook overrides is here:
 * `Scheduler._free_request_blocks`, `num_waiting_for_streaming_input` (paused requests hold a running
   slot there, counted against `max_num_active_reqs`), `running`, `waiting`, `kv_holding_waiting`,
   `max_num_scheduled_tokens`, `block_size`, `deferred_frees`, `requests`;
-* `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks}` and
+* `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks, blocks[*].ref_cnt}` and
   `kv_cache_manager.coordinator.single_type_managers[*].req_to_blocks`;
 * `Request.{num_computed_tokens, num_tokens, num_tokens_with_spec, status, arrival_time}`.
 """
@@ -13,7 +13,7 @@ machinery touches outside the hook overrides is here:
 from __future__ import annotations
 
 import math
-from collections.abc import Container
+from collections.abc import Container, Iterable
 from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
@@ -37,6 +37,10 @@ class VllmPort:
 
     def num_free_blocks(self) -> int:
         return self.s.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def in_use(self, block_ids: Iterable[int]) -> set[int]:
+        blocks = self.s.kv_cache_manager.block_pool.blocks
+        return {b for b in block_ids if blocks[b].ref_cnt > 0}
 
     def slots_full(self) -> bool:
         return len(self.s.running) + self.s.num_waiting_for_streaming_input >= self.s.max_num_active_reqs

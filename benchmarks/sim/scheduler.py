@@ -19,6 +19,7 @@ One step (`schedule`):
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,6 +73,10 @@ class SimScheduler:
 
     def num_free_blocks(self) -> int:
         return self.pool.num_free()
+
+    def in_use(self, block_ids: Iterable[int]) -> set[int]:
+        wanted = set(block_ids)
+        return {b for r in self.requests.values() for b in r.blocks if b in wanted}
 
     def slots_full(self) -> bool:
         return len(self.running) + self.paused_slots >= self.max_num_seqs

@@ -36,14 +36,15 @@ def load_profile(cfg: CoreConfig, model: str, device: str, kv_bytes_per_token: i
 
 
 def build_core(cfg: CoreConfig, kv: KvPort, *, model: str, device: str, block_size: int, kv_bytes_per_token: int,
-               host_slots: int) -> InterceptCore:
+               host_slots: int, release_when_copied: bool = True) -> InterceptCore:
     spec = policy_spec(cfg.policy)
     prof = load_profile(cfg, model, device, kv_bytes_per_token)
     priors_path = cfg.augmentation_priors or str(REPO_CONFIGS / "augmentations.yaml")
     priors = load_priors(priors_path) if Path(priors_path).is_file() else {}
     estimator = DurationEstimator(spec.estimator or cfg.estimator, priors)
     swap = SwapPlanner(prof, block_size, host_slots) if spec.swap else None
-    settings = CoreSettings(ttl_s=dict(cfg.ttl_s), demotion_reserve_blocks=cfg.demotion_reserve_blocks)
+    settings = CoreSettings(ttl_s=dict(cfg.ttl_s), demotion_reserve_blocks=cfg.demotion_reserve_blocks,
+                            release_when_copied=release_when_copied)
     log.info("InferCept core: policy=%s profile=%s (S=%d tokens, M=%d B/token) estimator=%s host_slots=%s",
              spec.name, prof.source, prof.saturation_tokens, prof.kv_bytes_per_token, estimator.mode,
              host_slots if swap else "-")

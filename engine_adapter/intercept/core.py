@@ -44,6 +44,11 @@ class TransitionError(AssertionError):
 class CoreSettings:
     ttl_s: Mapping[str, float]
     demotion_reserve_blocks: int = 0  # free blocks kept beyond the next step's need before demoting
+    # A swap-out gives its device blocks back in the step that copies its last blocks (the workers read
+    # reused blocks before the forward pass writes them), not one step later, as InferCept on vLLM v0
+    # does. Off for engines that zero newly allocated blocks before the forward (their zeroing would run
+    # before the copy).
+    release_when_copied: bool = True
 
 
 class InterceptCore:
@@ -59,6 +64,7 @@ class InterceptCore:
         self.request_of: dict[str, str] = {}  # session id -> its request id (sessions that paused)
         self.outbox: dict[str, list[InterceptRecord]] = {}  # records the front end has yet to see
         self._abandoned: list[str] = []  # closed while loading: vLLM frees their blocks once reported
+        self._released_now: set[int] = set()  # device blocks of swap-outs released in the step being built
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
 
@@ -109,7 +115,8 @@ class InterceptCore:
         return True
 
     def finish_swap_out(self, e: Entry, now: float) -> None:
-        """Its last blocks were copied in a step that has run: the device copy can go."""
+        """Its last blocks are copied in the step being built (`release_when_copied`) or were copied in a
+        step that has run: the device copy can go."""
         self._expect(e, KvState.SWAPPING_OUT)
         assert e.host is not None and e.host.out_complete
         self.kv.release(e.request_id)
@@ -305,7 +312,11 @@ class InterceptCore:
         """The copies of the step being built (the connector ships them to the workers)."""
         assert self.swap is not None
         loading = self._ordered(KvState.LOADING)
-        copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned)
+        # Asked after the engine allocated the step: released blocks it handed out again are copied
+        # before the forward pass writes them.
+        reused = self.kv.in_use(self._released_now) if self._released_now else set()
+        self._released_now = set()
+        copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned, reused)
         self._abandoned = []
         done = set(copies.loads_done)
         for e in loading:
@@ -361,6 +372,11 @@ class InterceptCore:
                 self.free(self.entries[rid], Fate.DISCARD, now)
         copying = [e for e in self._ordered(KvState.SWAPPING_OUT) if e.host is not None]
         sw.plan_copy_out([(e.host, lambda e=e: self.kv.block_ids(e.request_id)) for e in copying], budget.out_tokens)
+        if self.settings.release_when_copied:
+            for e in copying:
+                if e.host is not None and e.host.out_complete:
+                    self._released_now.update(self.kv.block_ids(e.request_id))
+                    self.finish_swap_out(e, now)
         queued = self._ordered(KvState.LOAD_QUEUED)
         at_head = bool(queued) and view.get().head_waiting == queued[0].request_id
         for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading, at_head)]:

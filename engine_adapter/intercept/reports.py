@@ -86,6 +86,8 @@ class SwapReport:
     host_tokens: int  # tokens of paused KV held in the host buffer
     loading_blocks: int
     kv_bytes_per_token: int
+    # Of blocks_out, those released in the step that copied them and reused by other requests in it.
+    blocks_out_first: int = 0
     recent_budgets: list[dict[str, int]] = field(default_factory=list)  # {"limit", "out", "in"} per step
     moved: list[dict[str, int]] = field(default_factory=list)  # {"out", "in"} tokens per step
 
@@ -172,7 +174,7 @@ def swap_report(core: InterceptCore) -> SwapReport | None:
         host_slots=sw.slots.num_slots, host_slots_free=sw.slots.num_free,
         host_tokens=sum(e.host.tokens for e in hosted if e.state is KvState.SWAPPED),  # type: ignore[union-attr]
         loading_blocks=sum(len(e.host.to_load or ()) for e in hosted),  # type: ignore[union-attr]
-        kv_bytes_per_token=core.profile.kv_bytes_per_token,
+        kv_bytes_per_token=core.profile.kv_bytes_per_token, blocks_out_first=sw.stats.blocks_out_first,
         recent_budgets=[{"limit": s.limit, "out": s.out_budget, "in": s.in_budget} for s in recent],
         moved=[{"out": s.out_moved, "in": s.in_moved} for s in recent],
     )

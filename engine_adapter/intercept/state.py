@@ -14,6 +14,7 @@ closed). The entry's `state` is the one place that says where its KV is:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Protocol
@@ -137,6 +138,9 @@ class KvPort(Protocol):
         """The request's device blocks, in context order."""
 
     def num_free_blocks(self) -> int: ...
+
+    def in_use(self, block_ids: Iterable[int]) -> set[int]:
+        """Of these device blocks, those some request holds now."""
 
     def slots_full(self) -> bool:
         """Every running slot is taken (running + paused holding a slot)."""

@@ -12,8 +12,8 @@ pass of the previous iteration's batch), split between swap-out and swap-in (Sec
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
 
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.waste import (
@@ -73,6 +73,9 @@ class StepCopies:
     swap_out: list[tuple[int, int]]
     swap_in: list[tuple[int, int]]
     loads_done: list[str]  # requests whose last blocks come in with this step (or were abandoned)
+    # Copies out of blocks released in this step and already reallocated by the engine: the workers
+    # read them before the forward pass writes them.
+    swap_out_first: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -92,6 +95,7 @@ class SwapStats:
     tokens_in: int = 0
     blocks_out: int = 0
     blocks_in: int = 0
+    blocks_out_first: int = 0  # copied before the forward pass: released and reused in their copy's step
 
 
 class SwapPlanner:
@@ -178,10 +182,12 @@ class SwapPlanner:
             n += 1
         return max(n, 1) if first_at_head and queued else n
 
-    def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str]) -> StepCopies:
+    def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str],
+                    reused: Collection[int] = ()) -> StepCopies:
         """The step's copies: what `plan_out` queued, and swap-in chunks of the loading requests, in
         order, within the step's swap-in budget (a budget under one block still moves one, so loads
-        always finish)."""
+        always finish). `reused`: device blocks released in this step that the engine reallocated (their
+        copies out go first)."""
         budget = self.in_budget_blocks or (1 if loading else 0)
         swap_in: list[tuple[int, int]] = []
         done = list(abandoned)
@@ -197,12 +203,16 @@ class SwapPlanner:
                 break
         self.stats.blocks_in += len(swap_in)
         out, self._out = self._out, []
+        first = [p for p in out if p[0] in reused] if reused else []
+        if first:
+            out = [p for p in out if p[0] not in reused]
+            self.stats.blocks_out_first += len(first)
         if self._step is not None:
             b = self.block_size
             self.history.append(StepSwap(self._step.limit, self._step.out_budget, self._step.in_budget,
-                                         len(out) * b, len(swap_in) * b))
+                                         (len(out) + len(first)) * b, len(swap_in) * b))
             self._step = None
-        return StepCopies(swap_out=out, swap_in=swap_in, loads_done=done)
+        return StepCopies(swap_out=out, swap_in=swap_in, loads_done=done, swap_out_first=first)
 
     def last_step_stall_s(self, step_seconds: float) -> float:
         """What the last step's copies added to its time (an estimate from the profile's bandwidth).

@@ -1,6 +1,8 @@
 """The swap connector's block copies (`kv_copy.BlockCopier`): random KV swapped out to the host buffer and
 back into other device blocks comes back bit-exact, in both the plain CPU path and the staged path CUDA
-uses (pinned staging, scatter after the stream's barrier), and on a real GPU where there is one."""
+uses (pinned staging, scatter after the stream's barrier), and on a real GPU where there is one; and
+blocks overwritten in the very step that copies them out (released and reused at once) still come
+back as they were, when each layer's write waits for that layer's fenced copy."""
 
 from __future__ import annotations
 
@@ -57,3 +59,42 @@ def test_cpu_round_trip_is_bit_exact(staged: bool) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_round_trip_is_bit_exact() -> None:
     round_trip("cuda", None)  # staged by default on CUDA: pinned host memory, side stream
+
+
+def reused_in_the_copying_step(device: str, staged: bool | None) -> None:
+    kv = layers(device)
+    original = {n: t.clone() for n, t in kv.items()}
+    dims = block_dims(kv, NUM_BLOCKS)
+    copier = BlockCopier(kv, dims, host_slots=8, staged=staged)
+    out_pairs = [(1, 5), (4, 0), (7, 3)]
+    if device == "cuda":
+        # Keep the compute stream busy, so the side stream's copies (ordered after it) start late: an
+        # unfenced write below would race them.
+        busy = torch.randn((2048, 2048), device=device)
+        for _ in range(30):
+            busy = torch.tanh(busy @ busy)
+    for name in kv:
+        copier.copy_out(name, out_pairs, fence=True)
+    for name, t in kv.items():  # the forward pass, layer by layer, writes other KV into those blocks
+        copier.wait_layer(name)
+        t.index_fill_(dims[name], torch.tensor([d for d, _ in out_pairs], device=t.device), 7.0)
+    copier.finish()
+    in_pairs = [(9, 5), (2, 0), (11, 3)]
+    for name in kv:
+        copier.copy_in(name, in_pairs)
+    copier.finish()
+    for name, t in kv.items():
+        dim = dims[name]
+        for (src, _), (dst, _) in zip(out_pairs, in_pairs):
+            assert torch.equal(t.select(dim, dst).cpu(), original[name].select(dim, src).cpu()), (name, src, dst)
+            assert bool((t.select(dim, src) == 7.0).all())  # the reuse's writes landed after the copy
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
+def test_cpu_blocks_reused_in_the_copying_step_come_back_intact(staged: bool) -> None:
+    reused_in_the_copying_step("cpu", staged)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_blocks_reused_in_the_copying_step_come_back_intact() -> None:
+    reused_in_the_copying_step("cuda", None)

@@ -8,6 +8,7 @@ import asyncio
 from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import TurnEnd
 from tests.conftest import TINY_KV_BLOCKS, TINY_MAX_SEQS
+from tests.engine.helpers import fresh_output
 
 N_SESSIONS = 8  # twice the running slots
 PROMPT_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi"
@@ -24,15 +25,20 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
 
     sessions = [engine.open_session(max_tokens=8) for _ in prompts]
     integrity_failures: list[str] = []
+    # Each session's context before its last turn, that turn's input and output (greedy decoding).
+    last_turns: list[tuple[list[int], list[int], list[int]]] = [([], [], [])] * N_SESSIONS
 
     async def run(i: int) -> int:
         s = sessions[i]
         produced = 0
+        context: list[int] = []
         for turn in range(3):
             tokens = prompts[i] if turn == 0 else engine.encode(f"\nObservation {turn}: done.\n")
             async for ev in s.turn(tokens, max_tokens=8):
                 if isinstance(ev, TurnEnd):
                     produced += len(ev.token_ids)
+                    last_turns[i] = (list(context), list(tokens), list(ev.token_ids))
+                    context += tokens + list(ev.token_ids)
             # Let the calls overlap so that many sessions sit paused at once.
             await asyncio.sleep(0.05 * ((i + turn) % 3))
             try:
@@ -59,6 +65,15 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
         # The cache cannot hold the paused sessions: infercept makes the room by copying preserved KV
         # to the host (`swap_under_pressure`), where infercept-paper demotes it.
         assert totals.pressure_swaps > before.pressure_swaps
+    if engine.config.policy in ("swap", "infercept"):
+        # Swap-outs give their blocks back in the step that copies them, and here, with the cache
+        # full, other requests take some of them in that very step: their copies ran first.
+        assert stats.swap is not None and start.swap is not None
+        assert stats.swap.blocks_out_first > start.swap.blocks_out_first, stats.swap
+    # Whatever became of each session's KV in between (kept, swapped, dropped, reused), its last turn
+    # is what a fresh request over the same context produces.
+    for context, tokens, out in last_turns:
+        assert out == await fresh_output(engine, context + tokens, len(out))
     # Memory waste by kind, measured over the real iterations.
     waste = stats.waste
     kinds = waste.by_kind

@@ -51,6 +51,10 @@ class Pool:
     def num_free_blocks(self) -> int:
         return len(self.free_ids)
 
+    def in_use(self, block_ids) -> set[int]:
+        held = {b for ids in self.held.values() for b in ids}
+        return {b for b in block_ids if b in held}
+
     def slots_full(self) -> bool:
         return self.slots_used >= self.max_slots
 
@@ -152,10 +156,12 @@ def test_swap_path_step_by_step_within_budgets() -> None:
     device = pool.block_ids("a")
     c1 = step(core, pool, 0.01)
     assert [d for d, _ in c1.swap_out] == device[:3]  # 3 blocks per step (the swap limit)
+    assert e.state is KvState.SWAPPING_OUT and pool.released == []
     c2 = step(core, pool, 0.02)
-    assert [d for d, _ in c2.swap_out] == device[3:6] and e.state is KvState.SWAPPING_OUT
-    step(core, pool, 0.03)  # the step that copied the last blocks has run: the device copy goes
+    # The step that copies the last blocks gives the device copy back (to be used in that same step).
+    assert [d for d, _ in c2.swap_out] == device[3:6] and c2.swap_out_first == []
     assert e.state is KvState.SWAPPED and pool.released == ["a"] and e.record.kv_fate is Fate.SWAP
+    assert e.record.kv_released_at_s == 0.02
     assert check_integrity(core, pool.counts(core.paused_ids(on_device=True))).host_tokens == 5 * BLOCK + 3
 
     r = core.resume("a", 1.0, 99.0)
@@ -176,6 +182,34 @@ def test_swap_path_step_by_step_within_budgets() -> None:
     rec = core.ledger.records[-1]
     assert (rec.restored_by, rec.tokens_swapped_in, rec.tokens_recomputed) == (RestoredBy.SWAP, 5 * BLOCK + 3, 0)
     assert core.meter.recomputing == {}
+
+
+def test_blocks_released_and_reused_in_the_copying_step_are_copied_first() -> None:
+    """A swap-out releases its device blocks in the step that copies its last ones; those the engine
+    hands out again in that step are copied before the forward pass writes them, the rest after."""
+    pool = Pool(blocks=6)
+    core = make("swap", pool, host_slots=32)
+    pause(core, pool, "a", 5 * BLOCK + 3, now=0.0)
+    device = pool.block_ids("a")
+    assert [d for d, _ in step(core, pool, 0.01).swap_out] == device[:3]
+    core.before_schedule(lambda: idle_view(pool), 0.02)  # plans the last 3 blocks and releases all 6
+    assert pool.released == ["a"] and pool.num_free_blocks() == 6
+    pool.alloc("b", 4 * BLOCK)  # vLLM's step takes the 4 oldest free blocks: device[0..3]
+    c = core.step_copies()
+    assert [d for d, _ in c.swap_out_first] == [device[3]]  # copied this step and reused: first
+    assert [d for d, _ in c.swap_out] == device[4:6]
+    assert core.swap.history[-1].out_moved == 3 * BLOCK  # both lists count as this step's copy
+    assert core.step_copies().swap_out_first == []  # the next step knows nothing of it
+
+
+def test_an_engine_that_zeroes_new_blocks_keeps_them_until_the_copy_has_run() -> None:
+    pool = Pool()
+    core = make("swap", pool, host_slots=32)
+    core.settings = CoreSettings(ttl_s={"default": 1.0}, release_when_copied=False)
+    pause(core, pool, "a", 2 * BLOCK, now=0.0)
+    assert len(step(core, pool, 0.01).swap_out) == 2 and pool.released == []
+    step(core, pool, 0.02)  # the step that copied them has run
+    assert pool.released == ["a"] and core.entries["a"].state is KvState.SWAPPED
 
 
 def test_full_host_buffer_falls_back_to_discard() -> None:
@@ -417,7 +451,10 @@ def test_a_copy_under_way_is_given_back_when_running_requests_lack_blocks_this_s
     assert {core.entries[r].state for r in "ab"} == {KvState.SWAPPING_OUT}
     step(core, pool, 0.011, StepView(blocks_needed=12, head_waiting=None, running_requests=3, running_tokens=1000, blocks_ahead=12))
     dropped = [r for r in "ab" if core.entries[r].record.kv_fate is Fate.DEMOTED]
-    assert len(dropped) == 1 and pool.num_free_blocks() == 14
+    assert len(dropped) == 1
+    # The other copy's last blocks go in this step, which gives its 6 device blocks back too.
+    kept = next(r for r in "ab" if r not in dropped)
+    assert core.entries[kept].state is KvState.SWAPPED and pool.num_free_blocks() == 14 + 6
     assert core.swap.slots.num_free == 32 - 6  # the dropped copy's host slots came back
 
 
