@@ -16,11 +16,11 @@ stream (so a layer's KV written by this step's forward is complete before it is 
 `finish()` is the step's barrier: the worker calls it before the step reports, so the scheduler frees a
 swapped-out block, or schedules a swapped-in one, only after its copy is done.
 
-A block released in the step that copies it out (and reallocated by vLLM in that same step) is copied
-before the forward pass writes it: `copy_out(..., fence=True)` records a CUDA event after that layer's
-copy on the side stream, and `wait_layer(layer)` makes the compute stream wait for it before the layer's
-KV is written (the connector calls it one layer ahead), so layer L's copy overlaps the compute of the
-layers before it and only the first layer's copy is exposed.
+Blocks released in the step that copies them out (and reallocated by vLLM in that same step) must be read
+before the forward pass writes them: `copy_out_before_writes` gathers them from every layer on the side
+stream first, makes the compute stream wait for those gathers (device-to-device copies, short), and only
+then issues the transfers to the host, which overlap the forward pass like any other copy out. It relies
+on nothing about the order in which layers run or which hooks they call.
 
 On the CPU the copies are plain synchronous gathers and scatters (`staged=False`); `staged=True` runs
 the CUDA ordering on CPU tensors too, which is how the CPU tests exercise it.
@@ -54,7 +54,6 @@ class BlockCopier:
         self.host: dict[str, torch.Tensor] = {}
         self._pending_out: list[_PendingOut] = []
         self._keep_alive: list[torch.Tensor] = []
-        self._fences: dict[str, Any] = {}  # layer -> CUDA event after its fenced copy-out
         self.bytes_moved = 0
 
     def block_bytes(self, layer: str) -> int:
@@ -81,37 +80,47 @@ class BlockCopier:
         with torch.cuda.stream(self.stream):
             yield
 
-    def copy_out(self, layer: str, pairs: list[tuple[int, int]], fence: bool = False) -> None:
-        """Copy blocks of one layer to their host slots. `fence`: the compute stream will wait for this
-        copy (`wait_layer`) before it writes the layer again (the blocks are reused in this step)."""
+    def copy_out(self, layer: str, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
             return
         self._ensure_host()
-        dev, host, dim = self.kv[layer], self.host[layer], self.block_dim[layer]
-        host_idx = torch.tensor([h for _, h in pairs], dtype=torch.long)
         with self._side():
-            dev_idx = torch.tensor([d for d, _ in pairs], dtype=torch.long, device=dev.device)
-            gathered = dev.index_select(dim, dev_idx)
-            if fence and self.stream is not None:
-                # After the gather (a new tensor) the device blocks may be overwritten: the D2H copy
-                # reads the gathered tensor, so the compute stream need not wait for the link.
-                ev = torch.cuda.Event()
-                ev.record(self.stream)
-                self._fences[layer] = ev
-            if self.staged:
-                staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=self.pin)
-                staging.copy_(gathered, non_blocking=self.pin)
-                self._pending_out.append(_PendingOut(layer, host_idx, staging))
-            else:
-                host.index_copy_(dim, host_idx, gathered)
+            host_idx, gathered = self._gather(layer, pairs)
+            self._to_host(layer, host_idx, gathered)
         self.bytes_moved += len(pairs) * self.block_bytes(layer)
 
-    def wait_layer(self, layer: str) -> None:
-        """Order the compute stream's next writes of this layer's KV after its fenced copy-out (a no-op
-        on the CPU, where copies are synchronous, and for layers without one)."""
-        ev = self._fences.pop(layer, None)
-        if ev is not None:
-            torch.cuda.current_stream().wait_event(ev)
+    def copy_out_before_writes(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy blocks of every layer to their host slots, reading them before anything the compute
+        stream queues next (the forward pass that reuses them) can write them."""
+        if not pairs:
+            return
+        self._ensure_host()
+        compute = torch.cuda.current_stream() if self.stream is not None else None
+        with self._side():
+            gathered = {layer: self._gather(layer, pairs) for layer in self.kv}
+            if compute is not None:
+                done = torch.cuda.Event()
+                done.record(self.stream)
+        if compute is not None:
+            compute.wait_event(done)  # only the gathers: the host transfers below overlap the forward
+        with self._side():
+            for layer, (host_idx, g) in gathered.items():
+                self._to_host(layer, host_idx, g)
+                self.bytes_moved += len(pairs) * self.block_bytes(layer)
+
+    def _gather(self, layer: str, pairs: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(host slot index, the blocks gathered on the device); on the side stream."""
+        dev, dim = self.kv[layer], self.block_dim[layer]
+        dev_idx = torch.tensor([d for d, _ in pairs], dtype=torch.long, device=dev.device)
+        return torch.tensor([h for _, h in pairs], dtype=torch.long), dev.index_select(dim, dev_idx)
+
+    def _to_host(self, layer: str, host_idx: torch.Tensor, gathered: torch.Tensor) -> None:
+        if self.staged:
+            staging = torch.empty(gathered.shape, dtype=gathered.dtype, pin_memory=self.pin)
+            staging.copy_(gathered, non_blocking=self.pin)
+            self._pending_out.append(_PendingOut(layer, host_idx, staging))
+        else:
+            self.host[layer].index_copy_(self.block_dim[layer], host_idx, gathered)
 
     def copy_in(self, layer: str, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -140,7 +149,6 @@ class BlockCopier:
             self.host[p.layer].index_copy_(self.block_dim[p.layer], p.host_idx, p.staging)
         self._pending_out.clear()
         self._keep_alive.clear()
-        self._fences.clear()
 
 
 def block_dims(kv: dict[str, torch.Tensor], num_blocks: int | None) -> dict[str, int]:

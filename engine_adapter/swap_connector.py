@@ -15,13 +15,12 @@ Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"
   copies its last blocks, so vLLM may hand them to other requests in that very step; those copies
   (`swap_out_first`: released blocks vLLM reallocated) must read the blocks before the forward pass
   writes them. For such a step `build_connector_meta` asks vLLM to call `start_load_kv` before the
-  forward (`SchedulerOutput.has_sync_kv_loads`, as vLLM's HiSparse connector does), which issues them
-  for every layer, each fenced (`BlockCopier.copy_out(fence=True)`); the compute stream waits for layer
-  L+1's fence when layer L's attention starts (`wait_for_layer_load(L)`), so before layer L+1's KV write
-  (vLLM 0.32's backends write a layer's KV in `unified_kv_cache_update`, before that layer's attention
-  and its connector hooks). Swap-in chunks are issued in `start_load_kv` too (the loading request does
-  not compute in that step). `wait_for_save` is the step's barrier. A step without a forward pass copies
-  everything there. The engine runs eager (`enforce_eager=True`), so every attention layer calls the hooks.
+  forward (`SchedulerOutput.has_sync_kv_loads`, as vLLM's HiSparse connector does), which gathers them
+  from every layer and makes the compute stream wait for those gathers only; their transfer to the host
+  overlaps the forward (`BlockCopier.copy_out_before_writes`). Swap-in chunks are issued in
+  `start_load_kv` when vLLM calls it after launching the forward, or else in `wait_for_save` (the
+  loading request does not compute in that step). `wait_for_save` is the step's barrier. A step without
+  a forward pass copies everything there.
 
 vLLM 0.32 internals relied on: `KVConnectorBase_V1` (the hooks above, `request_finished`,
 `get_finished`), `KVConnectorMetadata`, `KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks,
@@ -82,7 +81,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._saved: set[str] = set()
         self._loaded_step = False
         self._done_loads: set[str] = set()
-        self._next_layer: dict[str, str] = {}
+        self._first_done = False
         self._step_started = time.perf_counter()
 
     # ============================================================== scheduler side
@@ -119,8 +118,6 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
         num_blocks = self._kv_cfg.num_blocks if self._kv_cfg is not None else None
         self.copier = BlockCopier(dict(kv_caches), block_dims(kv_caches, num_blocks), host_slots=0)
-        names = list(kv_caches)  # the model's layer order
-        self._next_layer = dict(zip(names, names[1:]))
 
     def _meta(self) -> SwapMeta | None:
         if not self.has_connector_metadata():
@@ -134,34 +131,35 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         super().bind_connector_metadata(connector_metadata)
         self._saved.clear()
         self._loaded_step = False
+        self._first_done = False
         self._step_started = time.perf_counter()
         if self.copier is not None and isinstance(connector_metadata, SwapMeta) and connector_metadata.host_slots:
             self.copier.host_slots = connector_metadata.host_slots
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._meta()
-        if meta is None or self._loaded_step or self.copier is None:
+        if meta is None or self.copier is None:
+            return
+        if meta.swap_out_first and not self._first_done:
+            # Called before the forward pass (the step asked for it): released blocks vLLM gave to other
+            # requests in this step are read before the forward writes them. Swap-ins wait for
+            # `wait_for_save`, off the forward's critical path.
+            self._first_done = True
+            self.copier.copy_out_before_writes(meta.swap_out_first)
+            return
+        if self._loaded_step:
             return
         self._loaded_step = True
-        if meta.swap_out_first:
-            # Released blocks vLLM gave to other requests in this step: read them before the forward
-            # pass writes them (the compute stream waits for each layer's fence, one layer ahead).
-            for name in self.copier.kv:
-                self.copier.copy_out(name, meta.swap_out_first, fence=True)
-            self.copier.wait_layer(next(iter(self.copier.kv)))
         for name in self.copier.kv:
             self.copier.copy_in(name, meta.swap_in)
         self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
-        # Loads are asynchronous (the loading request does not compute in this step); what waits here
-        # is the next layer's KV write, for the fenced copies of reused blocks.
-        if self.copier is not None and layer_name in self._next_layer:
-            self.copier.wait_layer(self._next_layer[layer_name])
+        return  # loads are asynchronous: the loading request does not compute in this step
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         meta = self._meta()
-        if meta is not None and meta.swap_out_first and not self._loaded_step:
+        if meta is not None and meta.swap_out_first and not self._first_done:
             # vLLM ran the forward before start_load_kv although the step asked otherwise: reused blocks
             # were overwritten before their copy. Fail loudly rather than resume a corrupt context.
             raise RuntimeError("swap-out of reused blocks was not issued before the forward pass")
@@ -173,11 +171,13 @@ class InterceptSwapConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._meta()
         if meta is not None and self.copier is not None:
-            # A step without a forward pass (or layers without the hooks) still moves everything.
-            self.start_load_kv(None)
+            # A step without a forward pass (or layers without the hooks) still moves everything; the
+            # swap-ins of a step whose start_load_kv ran before the forward are issued here.
+            self.start_load_kv(None)  # the copies of reused blocks, if not done yet
             for name in self.copier.kv:
                 if meta.swap_out and name not in self._saved:
                     self.save_kv_layer(name, self.copier.kv[name], None)
+            self.start_load_kv(None)  # the swap-ins, if not issued yet
         if self.copier is None:
             return
         moved = self.copier.bytes_moved

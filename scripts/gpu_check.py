@@ -4,8 +4,8 @@ there, torch does). Prints one JSON document (and writes it to $OUT/gpu_check.js
 1. the swap connector's copy (`engine_adapter.kv_copy.BlockCopier`) out to pinned host memory and back
    into other device blocks, bit-exact, on GPT-J-6B-shaped KV (28 layers, 16 heads x 256, block 16);
    also with the blocks overwritten by the compute stream in the copying step, each layer's write
-   waiting for its fenced copy (`copy_out(fence=True)`, `wait_layer`: a swap-out's blocks released and
-   reused in the step that copies them);
+   ordered after the gathers only (`copy_out_before_writes`: a swap-out's blocks released and reused in
+   the step that copies them);
 2. device<->host bandwidth with pinned and pageable buffers (the `swap_out/in_bytes_per_s` of a profile);
 3. layer-pipelined copies overlapping compute: a 28-layer stack of GPT-J-sized matmuls with and without
    one layer's block copy issued on the side stream after each layer (how much of the copy hides);
@@ -65,18 +65,16 @@ def round_trip(blocks: int = 256) -> dict:
     t_in = time.perf_counter() - t_in
     exact = all(torch.equal(kv[n][:, d], ref[n][:, s0]) for n in kv for (s0, _), (d, _) in zip(out_pairs, in_pairs))
     moved = len(out_pairs) * copier.block_bytes("l0") * LAYERS
-    # Reused in the copying step: fenced copies out, then each layer's blocks overwritten on the compute
-    # stream behind a busy matmul chain (an unfenced write would race the side stream's gather).
+    # Reused in the copying step: copied out before the writes, then every layer's blocks overwritten on
+    # the compute stream behind a busy matmul chain (an unordered write would race the side stream's gather).
     kv2 = {n: r.clone() for n, r in ref.items()}
     copier2 = BlockCopier(kv2, {n: 1 for n in kv2}, host_slots=blocks)
     busy = torch.randn((4096, 4096), device="cuda")
     for _ in range(20):
         busy = torch.tanh(busy @ busy)
-    for n in kv2:
-        copier2.copy_out(n, out_pairs, fence=True)
+    copier2.copy_out_before_writes(out_pairs)
     idx = torch.tensor([d for d, _ in out_pairs], device="cuda")
-    for n, t in kv2.items():
-        copier2.wait_layer(n)
+    for t in kv2.values():
         t.index_fill_(1, idx, 3.0)
     copier2.finish()
     for n in kv2:

@@ -2,7 +2,7 @@
 back into other device blocks comes back bit-exact, in both the plain CPU path and the staged path CUDA
 uses (pinned staging, scatter after the stream's barrier), and on a real GPU where there is one; and
 blocks overwritten in the very step that copies them out (released and reused at once) still come
-back as they were, when each layer's write waits for that layer's fenced copy."""
+back as they were (`copy_out_before_writes`: the compute stream waits for the gathers)."""
 
 from __future__ import annotations
 
@@ -69,14 +69,12 @@ def reused_in_the_copying_step(device: str, staged: bool | None) -> None:
     out_pairs = [(1, 5), (4, 0), (7, 3)]
     if device == "cuda":
         # Keep the compute stream busy, so the side stream's copies (ordered after it) start late: an
-        # unfenced write below would race them.
+        # unordered write below would race them.
         busy = torch.randn((2048, 2048), device=device)
         for _ in range(30):
             busy = torch.tanh(busy @ busy)
-    for name in kv:
-        copier.copy_out(name, out_pairs, fence=True)
+    copier.copy_out_before_writes(out_pairs)
     for name, t in kv.items():  # the forward pass, layer by layer, writes other KV into those blocks
-        copier.wait_layer(name)
         t.index_fill_(dims[name], torch.tensor([d for d, _ in out_pairs], device=t.device), 7.0)
     copier.finish()
     in_pairs = [(9, 5), (2, 0), (11, 3)]
@@ -88,6 +86,7 @@ def reused_in_the_copying_step(device: str, staged: bool | None) -> None:
         for (src, _), (dst, _) in zip(out_pairs, in_pairs):
             assert torch.equal(t.select(dim, dst).cpu(), original[name].select(dim, src).cpu()), (name, src, dst)
             assert bool((t.select(dim, src) == 7.0).all())  # the reuse's writes landed after the copy
+    assert copier.bytes_moved == 2 * 3 * sum(copier.block_bytes(n) for n in kv)
 
 
 @pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
