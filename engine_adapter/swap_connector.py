@@ -141,13 +141,21 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if meta is None or self.copier is None:
             return
         if meta.swap_out_first and not self._first_done:
-            # Called before the forward pass (the step asked for it): released blocks vLLM gave to other
-            # requests in this step are read before the forward writes them. Swap-ins wait for
-            # `wait_for_save`, off the forward's critical path.
-            self._first_done = True
-            self.copier.copy_out_before_writes(meta.swap_out_first)
+            # Called before the forward pass (the step asked for it): swap-ins wait for `wait_for_save`,
+            # off the forward's critical path.
+            self._copy_reused(meta)
             return
-        if self._loaded_step:
+        self._load(meta)
+
+    def _copy_reused(self, meta: SwapMeta) -> None:
+        """Released blocks vLLM gave to other requests in this step: read before the forward writes them."""
+        if self._first_done or self.copier is None:
+            return
+        self._first_done = True
+        self.copier.copy_out_before_writes(meta.swap_out_first)
+
+    def _load(self, meta: SwapMeta) -> None:
+        if self._loaded_step or self.copier is None:
             return
         self._loaded_step = True
         for name in self.copier.kv:
@@ -173,11 +181,11 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if meta is not None and self.copier is not None:
             # A step without a forward pass (or layers without the hooks) still moves everything; the
             # swap-ins of a step whose start_load_kv ran before the forward are issued here.
-            self.start_load_kv(None)  # the copies of reused blocks, if not done yet
+            self._copy_reused(meta)
             for name in self.copier.kv:
                 if meta.swap_out and name not in self._saved:
                     self.save_kv_layer(name, self.copier.kv[name], None)
-            self.start_load_kv(None)  # the swap-ins, if not issued yet
+            self._load(meta)
         if self.copier is None:
             return
         moved = self.copier.bytes_moved

@@ -25,18 +25,32 @@ def layers(device: str) -> dict[str, torch.Tensor]:
     }
 
 
-def round_trip(device: str, staged: bool | None) -> None:
+def round_trip(device: str, staged: bool | None, reused_in_step: bool = False) -> None:
+    """Out to the host and back into other device blocks. `reused_in_step`: the blocks are released and
+    written by the forward pass in the very step that copies them out (`copy_out_before_writes`)."""
     kv = layers(device)
     original = {n: t.clone() for n, t in kv.items()}
     dims = block_dims(kv, NUM_BLOCKS)
     assert dims == {"l0": 0, "l1": 0, "flash": 1}
     copier = BlockCopier(kv, dims, host_slots=8, staged=staged)
     out_pairs = [(1, 5), (4, 0), (7, 3)]  # device block -> host slot, scattered both ways
-    for name in kv:
-        copier.copy_out(name, out_pairs)
-    copier.finish()
-    for t in kv.values():
-        t.zero_()  # the device blocks are reused by others meanwhile
+    if reused_in_step:
+        if device == "cuda":
+            # Keep the compute stream busy, so the side stream's copies (ordered after it) start late: an
+            # unordered write below would race them.
+            busy = torch.randn((2048, 2048), device=device)
+            for _ in range(30):
+                busy = torch.tanh(busy @ busy)
+        copier.copy_out_before_writes(out_pairs)
+        for name, t in kv.items():  # the forward pass, layer by layer, writes other KV into those blocks
+            t.index_fill_(dims[name], torch.tensor([d for d, _ in out_pairs], device=t.device), 7.0)
+        copier.finish()
+    else:
+        for name in kv:
+            copier.copy_out(name, out_pairs)
+        copier.finish()
+        for t in kv.values():
+            t.zero_()  # the device blocks are reused by others meanwhile
     in_pairs = [(9, 5), (2, 0), (11, 3)]  # back into different device blocks
     for name in kv:
         copier.copy_in(name, in_pairs)
@@ -46,8 +60,11 @@ def round_trip(device: str, staged: bool | None) -> None:
         for (src, _), (dst, _) in zip(out_pairs, in_pairs):
             got, want = t.select(dim, dst), original[name].select(dim, src)
             assert torch.equal(got.cpu(), want.cpu()), (name, src, dst)
-        untouched = [b for b in range(NUM_BLOCKS) if b not in {d for d, _ in in_pairs}]
-        assert not t.index_select(dim, torch.tensor(untouched, device=t.device)).any()  # nothing else written
+            if reused_in_step:
+                assert bool((t.select(dim, src) == 7.0).all())  # the reuse's writes landed after the copy
+        if not reused_in_step:
+            untouched = [b for b in range(NUM_BLOCKS) if b not in {d for d, _ in in_pairs}]
+            assert not t.index_select(dim, torch.tensor(untouched, device=t.device)).any()  # nothing else written
     assert copier.bytes_moved == 2 * 3 * sum(copier.block_bytes(n) for n in kv)
 
 
@@ -61,39 +78,11 @@ def test_cuda_round_trip_is_bit_exact() -> None:
     round_trip("cuda", None)  # staged by default on CUDA: pinned host memory, side stream
 
 
-def reused_in_the_copying_step(device: str, staged: bool | None) -> None:
-    kv = layers(device)
-    original = {n: t.clone() for n, t in kv.items()}
-    dims = block_dims(kv, NUM_BLOCKS)
-    copier = BlockCopier(kv, dims, host_slots=8, staged=staged)
-    out_pairs = [(1, 5), (4, 0), (7, 3)]
-    if device == "cuda":
-        # Keep the compute stream busy, so the side stream's copies (ordered after it) start late: an
-        # unordered write below would race them.
-        busy = torch.randn((2048, 2048), device=device)
-        for _ in range(30):
-            busy = torch.tanh(busy @ busy)
-    copier.copy_out_before_writes(out_pairs)
-    for name, t in kv.items():  # the forward pass, layer by layer, writes other KV into those blocks
-        t.index_fill_(dims[name], torch.tensor([d for d, _ in out_pairs], device=t.device), 7.0)
-    copier.finish()
-    in_pairs = [(9, 5), (2, 0), (11, 3)]
-    for name in kv:
-        copier.copy_in(name, in_pairs)
-    copier.finish()
-    for name, t in kv.items():
-        dim = dims[name]
-        for (src, _), (dst, _) in zip(out_pairs, in_pairs):
-            assert torch.equal(t.select(dim, dst).cpu(), original[name].select(dim, src).cpu()), (name, src, dst)
-            assert bool((t.select(dim, src) == 7.0).all())  # the reuse's writes landed after the copy
-    assert copier.bytes_moved == 2 * 3 * sum(copier.block_bytes(n) for n in kv)
-
-
 @pytest.mark.parametrize("staged", [False, True], ids=["direct", "staged"])
 def test_cpu_blocks_reused_in_the_copying_step_come_back_intact(staged: bool) -> None:
-    reused_in_the_copying_step("cpu", staged)
+    round_trip("cpu", staged, reused_in_step=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_blocks_reused_in_the_copying_step_come_back_intact() -> None:
-    reused_in_the_copying_step("cuda", None)
+    round_trip("cuda", None, reused_in_step=True)
