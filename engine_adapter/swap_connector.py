@@ -20,16 +20,22 @@ Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"
   overlaps the forward (`BlockCopier.copy_out_before_writes`). Swap-in chunks are issued in
   `start_load_kv` when vLLM calls it after launching the forward, or else in `wait_for_save` (the
   loading request does not compute in that step). `wait_for_save` is the step's barrier. A step without
-  a forward pass copies everything there.
+  a forward pass copies everything there. Where copies are synchronous (the CPU copier, and an emulated
+  link's wait), the worker measures what they added to the step and reports it through vLLM's connector
+  stats (`SwapStallStats`); the scheduler meters that stall instead of the core's estimate.
 
 vLLM 0.32 internals relied on: `KVConnectorBase_V1` (the hooks above, `request_finished`,
-`get_finished`), `KVConnectorMetadata`, `KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks,
+`get_finished`, `get_kv_connector_stats` and `build_kv_connector_stats`; the step's stats reach the
+scheduler as `ModelRunnerOutput.kv_connector_output.kv_connector_stats`, concatenated across workers
+by `aggregate`), `KVConnectorStats`, `KVConnectorMetadata`, `KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks,
 kv_cache_groups[*].kv_cache_spec.page_size_bytes}`, and the worker's per-layer KV tensors.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +44,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 if TYPE_CHECKING:
     import torch
@@ -63,6 +70,35 @@ class SwapMeta(KVConnectorMetadata):
     loads_done: list[str] = field(default_factory=list)  # requests whose last chunk is in this step
 
 
+@dataclass
+class SwapStallStats(KVConnectorStats):
+    """What one step's swap copies added to it, measured by the workers (`data["stall_s"]`: one value per
+    worker and step; vLLM concatenates them across workers, and across steps for its stats logger)."""
+
+    def reset(self) -> None:
+        self.data = {"stall_s": []}
+
+    def aggregate(self, other: KVConnectorStats) -> SwapStallStats:
+        return SwapStallStats({"stall_s": [*self.data.get("stall_s", []), *other.data.get("stall_s", [])]})
+
+    def reduce(self) -> dict[str, int | float]:
+        xs = self.data.get("stall_s", [])
+        return {"swap_stall_s": round(sum(xs), 6), "steps_with_copies": len(xs)}
+
+    def is_empty(self) -> bool:
+        return not self.data.get("stall_s")
+
+
+def measured_stall_s(model_runner_output: Any) -> float | None:
+    """The step's measured swap stall (the slowest worker's), or None where the workers did not measure
+    it (no copies in the step, or copies on a CUDA side stream: see `InterceptSwapConnector`)."""
+    kvo = getattr(model_runner_output, "kv_connector_output", None)
+    stats = getattr(kvo, "kv_connector_stats", None)
+    if isinstance(stats, SwapStallStats) and not stats.is_empty():
+        return max(stats.data["stall_s"])
+    return None
+
+
 def kv_block_bytes(kv_cache_config: KVCacheConfig) -> int:
     """Bytes of KV one block holds across every layer (one host slot; M = this / block_size)."""
     return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in kv_cache_config.kv_cache_groups)
@@ -83,6 +119,11 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._done_loads: set[str] = set()
         self._first_done = False
         self._step_started = time.perf_counter()
+        self._stall_s: float | None = None  # this step's measured stall (worker; synchronous copies only)
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
+        return SwapStallStats(data=dict(data) if data else {"stall_s": []})
 
     # ============================================================== scheduler side
     @property
@@ -133,6 +174,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._loaded_step = False
         self._first_done = False
         self._step_started = time.perf_counter()
+        self._stall_s = None
         if self.copier is not None and isinstance(connector_metadata, SwapMeta) and connector_metadata.host_slots:
             self.copier.host_slots = connector_metadata.host_slots
 
@@ -152,14 +194,16 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self._first_done or self.copier is None:
             return
         self._first_done = True
-        self.copier.copy_out_before_writes(meta.swap_out_first)
+        with self._timed():
+            self.copier.copy_out_before_writes(meta.swap_out_first)
 
     def _load(self, meta: SwapMeta) -> None:
         if self._loaded_step or self.copier is None:
             return
         self._loaded_step = True
-        for name in self.copier.kv:
-            self.copier.copy_in(name, meta.swap_in)
+        with self._timed():
+            for name in self.copier.kv:
+                self.copier.copy_in(name, meta.swap_in)
         self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -173,7 +217,8 @@ class InterceptSwapConnector(KVConnectorBase_V1):
             raise RuntimeError("swap-out of reused blocks was not issued before the forward pass")
         if meta is None or not meta.swap_out or layer_name in self._saved or self.copier is None:
             return
-        self.copier.copy_out(layer_name, meta.swap_out)
+        with self._timed():
+            self.copier.copy_out(layer_name, meta.swap_out)
         self._saved.add(layer_name)
 
     def wait_for_save(self) -> None:
@@ -189,15 +234,40 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self.copier is None:
             return
         moved = self.copier.bytes_moved
-        self.copier.finish()
+        with self._timed() if meta is not None else nullcontext():
+            self.copier.finish()
         if self.link_bytes_per_s and moved:
             # Emulated link: this step's copies take bytes / bandwidth, overlapped with the forward
             # pass; only the part that outlasts it holds the step back.
             self.copier.bytes_moved = 0
             left = moved / self.link_bytes_per_s - (time.perf_counter() - self._step_started)
             if left > 0:
-                time.sleep(left)
+                with self._timed():
+                    time.sleep(left)
         self.copier.bytes_moved = 0
+
+    @contextmanager
+    def _timed(self) -> Iterator[None]:
+        """Adds the block's wall time to the step's measured stall, where copies are synchronous (the
+        CPU copier: they run on the cores the forward pass uses, so all of their time delays the step;
+        an emulated link's wait too). On CUDA they run on a side stream beside the forward pass, and the
+        host's time in them says nothing about what they added to the step: not measured there (the
+        intercept core estimates it from the profile's bandwidth)."""
+        if self.copier is None or self.copier.stream is not None:
+            yield
+            return
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        # Worker: called after wait_for_save, once per step. Scheduler: nothing of its own to add.
+        if self._stall_s is None:
+            return None
+        stall, self._stall_s = self._stall_s, None
+        return SwapStallStats({"stall_s": [stall]})
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Called after wait_for_save in the same step: this step's copies are complete.

@@ -4,7 +4,8 @@ intercept core, calling the core exactly where `engine_adapter/scheduler.py` doe
 * before each step: `before_schedule(step_view, now)` (TTL expiry, demotion, swap planning, the
   policy's per-iteration decisions; it may cap the step's token budget);
 * after the step is built: `step_copies()` (the connector ships them), then `scheduled(new, tokens)`;
-* after it ran: `step_done(seconds, tokens per request, resident tokens)`, then outputs: a turn that
+* after it ran: `step_done(seconds, tokens per request, resident tokens, the copies' stall)` (measured
+  there by the workers), then outputs: a turn that
   reached its decode length pauses (`pause`; the oracle variant `tag`s it with its true duration);
 * at the call's end: `expire`, `resume` (KEEP in place; RECOMPUTE / LOAD requeued by arrival time);
 * at the end of its last turn (or an abort at the cutoff): `close`.
@@ -143,8 +144,9 @@ class SimEngine:
         self.steps += 1
         if out.load.tokens:
             resident = sched.resident_tokens()
-            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident)
+            # The stall the step really had, as the real engine's workers measure it.
             stall = seconds - fwd if self.overlap else copy
+            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident, stall if copy else None)
             self.true_stall_s += stall
             self.true_stall_token_s += stall * resident
         for r, _ in out.tokens.items():

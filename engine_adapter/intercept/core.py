@@ -277,10 +277,22 @@ class InterceptCore:
         if self.swap is not None:
             self.swap.last_batch_tokens = max(1, total_tokens)
 
-    def step_done(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int) -> None:
-        """One iteration ran: refine T_fwd, and meter the waste it carried."""
-        self.profile.observe(sum(scheduled.values()), seconds)
-        self.meter.iteration(seconds, scheduled, resident_tokens, self.swap.last_step_stall_s(seconds) if self.swap else 0.0)
+    def step_done(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int,
+                  stall_s: float | None = None) -> None:
+        """One iteration ran: refine T_fwd, and meter the waste it carried. `stall_s`: what the step's
+        swap copies added to it, where the workers measured it; otherwise it is estimated from the
+        profile's bandwidth. A measured stall is not forward time, so T_fwd learns without it (the
+        swap budget hides copies behind T_fwd: counting stalls in it would grow the budget, and with
+        it the stalls)."""
+        measured = stall_s is not None
+        if stall_s is None:
+            stall_s = self.swap.last_step_stall_s(seconds) if self.swap else 0.0
+            forward_s = seconds
+        else:
+            stall_s = min(max(0.0, stall_s), seconds)
+            forward_s = seconds - stall_s
+        self.profile.observe(sum(scheduled.values()), forward_s)
+        self.meter.iteration(seconds, scheduled, resident_tokens, stall_s, stall_measured=measured)
 
     # ================================================================== the swap-in path (KV connector)
     def load_lookup(self, request_id: str, num_computed_tokens: int) -> tuple[int | None, bool]:

@@ -5,7 +5,8 @@ Kinds, in token-seconds (x M bytes = byte-seconds; / 1e9 / 60 = GB-min):
 * recompute: every iteration's share spent recomputing freed context, times all the KV resident
   meanwhile (the measured counterpart of Eq. 1 / Eq. 4);
 * swap stall: the time swap copies add to an iteration (copy time not hidden behind the forward
-  pass, from the profile's bandwidth), times the resident KV.
+  pass: measured by the workers where copies are synchronous, else estimated from the profile's
+  bandwidth), times the resident KV.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ class WasteMeter:
     swap_stall_s: float = 0.0
     swap_stall_token_s: float = 0.0
     iterations: int = 0
+    swap_stall_measured_steps: int = 0
     # Context tokens each resumed request still has to recompute (consumed as they are scheduled).
     recomputing: dict[str, int] = field(default_factory=dict)
 
@@ -36,8 +38,9 @@ class WasteMeter:
         self.recomputing.pop(request_id, None)
 
     def iteration(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int,
-                  swap_stall_s: float = 0.0) -> None:
-        """One iteration: its wall time, tokens scheduled per request, KV resident meanwhile."""
+                  swap_stall_s: float = 0.0, stall_measured: bool = False) -> None:
+        """One iteration: its wall time, tokens scheduled per request, KV resident meanwhile, and what
+        swap copies added to it (`stall_measured`: by the workers, not estimated)."""
         total = sum(scheduled.values())
         recompute = 0
         for rid, n in scheduled.items():
@@ -52,6 +55,7 @@ class WasteMeter:
         if seconds <= 0 or total <= 0:
             return
         self.iterations += 1
+        self.swap_stall_measured_steps += stall_measured
         self.forward_s += seconds
         share = seconds * min(recompute, total) / total
         self.recompute_forward_s += share
@@ -77,4 +81,5 @@ class WasteMeter:
             recompute_share_of_forward=self.recompute_forward_s / self.forward_s if self.forward_s else 0.0,
             swap_stall_s=self.swap_stall_s,
             iterations=self.iterations,
+            swap_stall_measured_steps=self.swap_stall_measured_steps,
         )

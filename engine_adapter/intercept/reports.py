@@ -72,6 +72,7 @@ class WasteReport:
     recompute_share_of_forward: float
     swap_stall_s: float
     iterations: int
+    swap_stall_measured_steps: int = 0  # steps whose stall the workers measured (the rest: estimated)
 
 
 @dataclass(frozen=True)

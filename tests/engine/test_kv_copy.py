@@ -86,3 +86,26 @@ def test_cpu_blocks_reused_in_the_copying_step_come_back_intact(staged: bool) ->
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_cuda_blocks_reused_in_the_copying_step_come_back_intact() -> None:
     round_trip("cuda", None, reused_in_step=True)
+
+
+def test_swap_stall_stats_reach_the_scheduler_as_the_slowest_workers() -> None:
+    """The workers' measured stall travels in vLLM's connector stats: concatenated across workers (and
+    across steps for the stats logger), read by the scheduler as the slowest worker's."""
+    from types import SimpleNamespace
+
+    from engine_adapter.swap_connector import InterceptSwapConnector, SwapStallStats, measured_stall_s
+
+    a, b = SwapStallStats({"stall_s": [0.002]}), SwapStallStats({"stall_s": [0.005]})
+    both = a.aggregate(b)
+    assert both.data == {"stall_s": [0.002, 0.005]} and not both.is_empty()
+    assert both.reduce() == {"swap_stall_s": 0.007, "steps_with_copies": 2}
+    out = SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=both))
+    assert measured_stall_s(out) == 0.005
+    # No copies in the step (no stats), or another connector's stats: nothing measured.
+    assert measured_stall_s(SimpleNamespace(kv_connector_output=None)) is None
+    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=None))) is None
+    empty = SwapStallStats({"stall_s": []})
+    assert empty.is_empty() and measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=empty))) is None
+    # vLLM's stats logger rebuilds the object from its dict.
+    rebuilt = InterceptSwapConnector.build_kv_connector_stats(both.to_dict())
+    assert isinstance(rebuilt, SwapStallStats) and rebuilt.reduce() == both.reduce()
