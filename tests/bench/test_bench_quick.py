@@ -31,6 +31,11 @@ def test_quick_bench_writes_complete_results(tmp_path: Path) -> None:
     assert d["token_budget"] == {p: budget for p in policies} and d["baselines_tuned"] is False
     assert d["engines"]["unlimited-kv"]["kv_blocks"] * 32 >= d["setting"]["unlimited_kv_tokens"] > d["setting"]["kv_tokens"]
     assert d["slo"]["reference"].startswith("unlimited-kv engine")
+    # Measured before the first policy and after the last; the SLO rests on the faster of the two.
+    refs = d["slo"]["reference_runs"]
+    assert [r["when"] for r in refs] == ["before", "after"] and all(r["requests"] > 0 for r in refs)
+    assert d["slo"]["unloaded_normalized_latency_s"] == min(r["median_s"] for r in refs)
+    assert d["slo"]["slo_normalized_latency_s"] == d["slo"]["slo_factor"] * d["slo"]["unloaded_normalized_latency_s"]
     for p in policies:
         h = d["headline"][p]
         assert set(h) >= {"max_rate_at_slo", "max_rate_min", "max_rate_max", "ratio_vs_discard", "ratio_vs_vllm-apc",
