@@ -187,8 +187,9 @@ class InterceptScheduler(Scheduler):
         if self._ic_step_started is not None:
             # schedule() returned -> the model ran -> its output is here: one iteration's real time.
             seconds, self._ic_step_started = time.monotonic() - self._ic_step_started, None
+            stall_s, window_s = measured_stall_s(model_runner_output)
             self.ic.step_done(seconds, scheduler_output.num_scheduled_tokens, self.ic_port.resident_tokens(),
-                              measured_stall_s(model_runner_output))
+                              stall_s, window_s)
         outputs = super().update_from_output(scheduler_output, model_runner_output)
         if self.ic.outbox:
             # The front end learns what became of a pause with the request's next output.

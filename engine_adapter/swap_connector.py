@@ -72,14 +72,15 @@ class SwapMeta(KVConnectorMetadata):
 
 @dataclass
 class SwapStallStats(KVConnectorStats):
-    """What one step's swap copies added to it, measured by the workers (`data["stall_s"]`: one value per
-    worker and step; vLLM concatenates them across workers, and across steps for its stats logger)."""
+    """What one step's swap copies added to it, and the forward window they could hide behind, measured
+    by the workers (`data["stall_s"]`, `data["window_s"]`: one value per worker and step; vLLM
+    concatenates them across workers, and across steps for its stats logger)."""
 
     def reset(self) -> None:
-        self.data = {"stall_s": []}
+        self.data = {"stall_s": [], "window_s": []}
 
     def aggregate(self, other: KVConnectorStats) -> SwapStallStats:
-        return SwapStallStats({"stall_s": [*self.data.get("stall_s", []), *other.data.get("stall_s", [])]})
+        return SwapStallStats({k: [*self.data.get(k, []), *other.data.get(k, [])] for k in ("stall_s", "window_s")})
 
     def reduce(self) -> dict[str, int | float]:
         xs = self.data.get("stall_s", [])
@@ -89,14 +90,16 @@ class SwapStallStats(KVConnectorStats):
         return not self.data.get("stall_s")
 
 
-def measured_stall_s(model_runner_output: Any) -> float | None:
-    """The step's measured swap stall (the slowest worker's), or None where the workers did not measure
-    it (no copies in the step, or copies on a CUDA side stream: see `InterceptSwapConnector`)."""
+def measured_stall_s(model_runner_output: Any) -> tuple[float | None, float | None]:
+    """The step's measured swap stall (the slowest worker's) and forward window (the shortest), or None
+    where the workers did not measure them (no copies in the step, or copies on a CUDA side stream: see
+    `InterceptSwapConnector`)."""
     kvo = getattr(model_runner_output, "kv_connector_output", None)
     stats = getattr(kvo, "kv_connector_stats", None)
     if isinstance(stats, SwapStallStats) and not stats.is_empty():
-        return max(stats.data["stall_s"])
-    return None
+        windows = stats.data.get("window_s") or []
+        return max(stats.data["stall_s"]), (min(windows) if windows else None)
+    return None, None
 
 
 def kv_block_bytes(kv_cache_config: KVCacheConfig) -> int:
@@ -120,6 +123,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._first_done = False
         self._step_started = time.perf_counter()
         self._stall_s: float | None = None  # this step's measured stall (worker; synchronous copies only)
+        self._window_s = 0.0  # this step's forward window (worker)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
@@ -233,6 +237,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
             self._load(meta)
         if self.copier is None:
             return
+        # The forward window: what this step's copies could hide behind (the copier's own synchronous
+        # work in it included, as the emulated link counts it).
+        self._window_s = time.perf_counter() - self._step_started
         moved = self.copier.bytes_moved
         with self._timed() if meta is not None else nullcontext():
             self.copier.finish()
@@ -267,7 +274,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self._stall_s is None:
             return None
         stall, self._stall_s = self._stall_s, None
-        return SwapStallStats({"stall_s": [stall]})
+        return SwapStallStats({"stall_s": [stall], "window_s": [self._window_s]})
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Called after wait_for_save in the same step: this step's copies are complete.

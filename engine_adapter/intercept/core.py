@@ -278,12 +278,13 @@ class InterceptCore:
             self.swap.last_batch_tokens = max(1, total_tokens)
 
     def step_done(self, seconds: float, scheduled: Mapping[str, int], resident_tokens: int,
-                  stall_s: float | None = None) -> None:
+                  stall_s: float | None = None, window_s: float | None = None) -> None:
         """One iteration ran: refine T_fwd, and meter the waste it carried. `stall_s`: what the step's
         swap copies added to it, where the workers measured it; otherwise it is estimated from the
         profile's bandwidth. A measured stall is not forward time, so T_fwd learns without it (the
         swap budget hides copies behind T_fwd: counting stalls in it would grow the budget, and with
-        it the stalls)."""
+        it the stalls). `window_s`: the workers' forward window, the part of the step copies can hide
+        behind (the swap budget learns its share of the step)."""
         measured = stall_s is not None
         if stall_s is None:
             stall_s = self.swap.last_step_stall_s(seconds) if self.swap else 0.0
@@ -292,6 +293,8 @@ class InterceptCore:
             stall_s = min(max(0.0, stall_s), seconds)
             forward_s = seconds - stall_s
         self.profile.observe(sum(scheduled.values()), forward_s)
+        if window_s is not None and self.swap is not None:
+            self.swap.observe_overlap(window_s, forward_s)
         self.meter.iteration(seconds, scheduled, resident_tokens, stall_s, stall_measured=measured)
 
     # ================================================================== the swap-in path (KV connector)

@@ -106,6 +106,11 @@ class SwapPlanner:
         self.block_size = block_size
         self.slots = SlotPool(host_slots)
         self.last_batch_tokens = 1  # B_i of the previous iteration
+        # The share of a step's time that copies can hide behind: the workers' forward window (from the
+        # step's copies being handed over to its barrier) over the step's time as the scheduler sees it,
+        # which also holds host work (input preparation, sampling, output processing) no copy overlaps.
+        # Learned where the workers measure it; 1.0 (the whole step) otherwise.
+        self.overlap = 1.0
         self.in_budget_blocks = 0
         self.stats = SwapStats()
         self.history: deque[StepSwap] = deque(maxlen=4096)
@@ -138,12 +143,17 @@ class SwapPlanner:
                 reserved_out_tokens: int = 0) -> SwapBudget:
         """This iteration's (out, in) token budgets. `reserved_out_tokens`: what copies under way still
         have to move, into host slots they reserved already (so not counted again against free ones)."""
-        n = swap_limit_tokens(self.profile, self.last_batch_tokens)
+        n = int(swap_limit_tokens(self.profile, self.last_batch_tokens) * self.overlap)
         b = split_swap_budget(n, want_out_tokens, want_in_tokens, self.slots.num_free * self.block_size + reserved_out_tokens,
                               device_free_blocks * self.block_size)
         self._step = StepSwap(limit=n, out_budget=b.out_tokens, in_budget=b.in_tokens)
         self.in_budget_blocks = b.in_tokens // self.block_size
         return b
+
+    def observe_overlap(self, window_s: float, forward_s: float, weight: float = 0.05) -> None:
+        """Fold one step's measured forward window (the time its copies can hide behind) into `overlap`."""
+        if window_s > 0 and forward_s > 0:
+            self.overlap = (1 - weight) * self.overlap + weight * min(1.0, window_s / forward_s)
 
     def plan_out(self, host: HostCopy, block_ids: list[int], max_blocks: int) -> int:
         """Queue the next up-to-`max_blocks` blocks of a reserved copy for this step; returns how many."""

@@ -89,23 +89,26 @@ def test_cuda_blocks_reused_in_the_copying_step_come_back_intact() -> None:
 
 
 def test_swap_stall_stats_reach_the_scheduler_as_the_slowest_workers() -> None:
-    """The workers' measured stall travels in vLLM's connector stats: concatenated across workers (and
-    across steps for the stats logger), read by the scheduler as the slowest worker's."""
+    """The workers' measured stall and forward window travel in vLLM's connector stats: concatenated
+    across workers (and across steps for the stats logger), read by the scheduler as the slowest worker's
+    stall and the shortest window."""
     from types import SimpleNamespace
 
     from engine_adapter.swap_connector import InterceptSwapConnector, SwapStallStats, measured_stall_s
 
-    a, b = SwapStallStats({"stall_s": [0.002]}), SwapStallStats({"stall_s": [0.005]})
+    a = SwapStallStats({"stall_s": [0.002], "window_s": [0.010]})
+    b = SwapStallStats({"stall_s": [0.005], "window_s": [0.008]})
     both = a.aggregate(b)
-    assert both.data == {"stall_s": [0.002, 0.005]} and not both.is_empty()
+    assert both.data == {"stall_s": [0.002, 0.005], "window_s": [0.010, 0.008]} and not both.is_empty()
     assert both.reduce() == {"swap_stall_s": 0.007, "steps_with_copies": 2}
     out = SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=both))
-    assert measured_stall_s(out) == 0.005
+    assert measured_stall_s(out) == (0.005, 0.008)
     # No copies in the step (no stats), or another connector's stats: nothing measured.
-    assert measured_stall_s(SimpleNamespace(kv_connector_output=None)) is None
-    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=None))) is None
+    assert measured_stall_s(SimpleNamespace(kv_connector_output=None)) == (None, None)
+    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=None))) == (None, None)
     empty = SwapStallStats({"stall_s": []})
-    assert empty.is_empty() and measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=empty))) is None
+    assert empty.is_empty()
+    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=empty))) == (None, None)
     # vLLM's stats logger rebuilds the object from its dict.
     rebuilt = InterceptSwapConnector.build_kv_connector_stats(both.to_dict())
     assert isinstance(rebuilt, SwapStallStats) and rebuilt.reduce() == both.reduce()

@@ -4,6 +4,7 @@ resumes, expiry, demotion, closes in every state, and the integrity of the host 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -463,3 +464,26 @@ def test_copies_under_way_are_not_counted_twice_against_the_host_buffer() -> Non
     assert planner.reserve(6 * BLOCK) is not None and planner.slots.num_free == 0
     # The copy's slots are reserved: its blocks still move at the full budget (3 blocks per step).
     assert planner.budgets(6 * BLOCK, 0, 0, reserved_out_tokens=6 * BLOCK).out_tokens == 3 * BLOCK
+
+
+def test_the_swap_budget_shrinks_to_the_forward_window_the_workers_measure() -> None:
+    """N_i hides copies behind the forward pass; where the workers report that window, a share of the
+    step (the rest is host work no copy overlaps), the budget learns the share; steps without a
+    measurement leave it alone."""
+    prof = dataclasses.replace(PROFILE, _ratios={})  # step_done refines the profile: not the shared one
+    spec = policy_spec("swap")
+    core = InterceptCore(spec, Pool(), block_size=BLOCK, profile=prof, estimator=DurationEstimator("prior", {}),
+                         settings=CoreSettings(ttl_s={"default": 1.0}), swap=SwapPlanner(prof, BLOCK, 32))
+    assert core.swap is not None
+    assert core.swap.budgets(10 * BLOCK, 0, 0).out_tokens == 3 * BLOCK and core.swap.overlap == 1.0
+    for _ in range(200):  # the forward window is half of each step
+        core.step_done(0.01, {"r": 8}, resident_tokens=100, stall_s=0.0, window_s=0.005)
+    assert core.swap.overlap == pytest.approx(0.5, abs=1e-3)
+    assert core.swap.budgets(10 * BLOCK, 0, 0).out_tokens == 3 * BLOCK // 2  # half of 3 blocks' worth
+    core.step_done(0.01, {"r": 8}, resident_tokens=100)  # estimated: no window
+    assert core.swap.overlap == pytest.approx(0.5, abs=1e-3)
+    # A measured stall is not forward time: the window's share is of the step less its stall.
+    core.swap.overlap = 1.0
+    for _ in range(200):
+        core.step_done(0.015, {"r": 8}, resident_tokens=100, stall_s=0.005, window_s=0.005)
+    assert core.swap.overlap == pytest.approx(0.5, abs=1e-3)
