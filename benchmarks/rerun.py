@@ -17,7 +17,7 @@ from pathlib import Path
 from benchmarks.metrics import bound_violations, headline
 from benchmarks.plots import plots
 from benchmarks.replay import VARIANTS, EngineRun, Setting
-from benchmarks.runner import Plan, git_commit, make_workloads
+from benchmarks.runner import Plan, git_commit, make_workloads, measure_reference
 
 
 async def main():
@@ -37,10 +37,9 @@ async def main():
     t0 = time.time()
     if "--slo" in sys.argv:
         # The SLO's reference again, in this period: requests one at a time on the bound's engine.
-        from benchmarks.metrics import BOUND
-        first = workloads[(plan.seeds[0], min(plan.rates))]
-        async with EngineRun(VARIANTS[BOUND], s, b["token_budget_default"]) as er:
-            unloaded = await er.unloaded(first[:plan.calibration_requests])
+        from tqdm import tqdm
+
+        unloaded = await measure_reference(plan, workloads, tqdm(total=1, disable=True))
         b["slo"]["unloaded_normalized_latency_s"] = unloaded["median_s"]
         b["slo"]["slo_normalized_latency_s"] = plan.slo_factor * unloaded["median_s"]
         print("slo", b["slo"], flush=True)

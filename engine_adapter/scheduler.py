@@ -36,7 +36,7 @@ from engine_adapter.intercept.build import build_core
 from engine_adapter.intercept.records import RECORDS_KEY
 from engine_adapter.intercept.reports import check_integrity, engine_stats, to_dict
 from engine_adapter.intercept.state import PauseInfo, ResumeKind
-from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_s
+from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
 from engine_adapter.triggers import TriggerMatcher, find_call
 from engine_adapter.vllm_port import VllmPort
 
@@ -187,7 +187,7 @@ class InterceptScheduler(Scheduler):
         if self._ic_step_started is not None:
             # schedule() returned -> the model ran -> its output is here: one iteration's real time.
             seconds, self._ic_step_started = time.monotonic() - self._ic_step_started, None
-            stall_s, window_s = measured_stall_s(model_runner_output)
+            stall_s, window_s = measured_stall_and_window(model_runner_output)
             self.ic.step_done(seconds, scheduler_output.num_scheduled_tokens, self.ic_port.resident_tokens(),
                               stall_s, window_s)
         outputs = super().update_from_output(scheduler_output, model_runner_output)

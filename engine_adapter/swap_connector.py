@@ -90,7 +90,7 @@ class SwapStallStats(KVConnectorStats):
         return not self.data.get("stall_s")
 
 
-def measured_stall_s(model_runner_output: Any) -> tuple[float | None, float | None]:
+def measured_stall_and_window(model_runner_output: Any) -> tuple[float | None, float | None]:
     """The step's measured swap stall (the slowest worker's) and forward window (the shortest), or None
     where the workers did not measure them (no copies in the step, or copies on a CUDA side stream: see
     `InterceptSwapConnector`)."""
@@ -127,7 +127,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
-        return SwapStallStats(data=dict(data) if data else {"stall_s": []})
+        return SwapStallStats(data=dict(data or {}))
 
     # ============================================================== scheduler side
     @property

@@ -94,7 +94,7 @@ def test_swap_stall_stats_reach_the_scheduler_as_the_slowest_workers() -> None:
     stall and the shortest window."""
     from types import SimpleNamespace
 
-    from engine_adapter.swap_connector import InterceptSwapConnector, SwapStallStats, measured_stall_s
+    from engine_adapter.swap_connector import InterceptSwapConnector, SwapStallStats, measured_stall_and_window
 
     a = SwapStallStats({"stall_s": [0.002], "window_s": [0.010]})
     b = SwapStallStats({"stall_s": [0.005], "window_s": [0.008]})
@@ -102,13 +102,13 @@ def test_swap_stall_stats_reach_the_scheduler_as_the_slowest_workers() -> None:
     assert both.data == {"stall_s": [0.002, 0.005], "window_s": [0.010, 0.008]} and not both.is_empty()
     assert both.reduce() == {"swap_stall_s": 0.007, "steps_with_copies": 2}
     out = SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=both))
-    assert measured_stall_s(out) == (0.005, 0.008)
+    assert measured_stall_and_window(out) == (0.005, 0.008)
     # No copies in the step (no stats), or another connector's stats: nothing measured.
-    assert measured_stall_s(SimpleNamespace(kv_connector_output=None)) == (None, None)
-    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=None))) == (None, None)
+    assert measured_stall_and_window(SimpleNamespace(kv_connector_output=None)) == (None, None)
+    assert measured_stall_and_window(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=None))) == (None, None)
     empty = SwapStallStats({"stall_s": []})
     assert empty.is_empty()
-    assert measured_stall_s(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=empty))) == (None, None)
+    assert measured_stall_and_window(SimpleNamespace(kv_connector_output=SimpleNamespace(kv_connector_stats=empty))) == (None, None)
     # vLLM's stats logger rebuilds the object from its dict.
     rebuilt = InterceptSwapConnector.build_kv_connector_stats(both.to_dict())
     assert isinstance(rebuilt, SwapStallStats) and rebuilt.reduce() == both.reduce()
