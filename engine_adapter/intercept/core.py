@@ -379,7 +379,8 @@ class InterceptCore:
                 block_size=self.block_size, running_tokens=view.get().running_tokens,
                 running_requests=view.get().running_requests, last_batch_tokens=sw.last_batch_tokens,
                 swap_out_budget_tokens=max(0, budget.out_tokens - inflight), host_free_blocks=sw.slots.num_free,
-                prefix_caching=self.spec.prefix_caching,
+                prefix_caching=self.spec.prefix_caching, swap_queue_tokens=want_in + inflight,
+                swap_limit_tokens=sw.limit_tokens,
             ))
             for rid in decision.swap_out:
                 self.start_swap_out(self.entries[rid], now)

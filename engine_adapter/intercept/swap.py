@@ -150,6 +150,11 @@ class SwapPlanner:
         self.in_budget_blocks = b.in_tokens // self.block_size
         return b
 
+    @property
+    def limit_tokens(self) -> int:
+        """N_i of the iteration `budgets` last planned (0 before the first)."""
+        return self._step.limit if self._step is not None else 0
+
     def observe_overlap(self, window_s: float, forward_s: float, weight: float = 0.05) -> None:
         """Fold one step's measured forward window (the time its copies can hide behind) into `overlap`."""
         if window_s > 0 and forward_s > 0:

@@ -6,6 +6,8 @@ shared by the engine's intercept core and the simulator.
 * `ttl_expired`: which preserved KV has outlived its type's time-to-live (the `ttl` policy).
 * `min_waste`: the paper's per-iteration choice (Eq. 2, 4, 5): swap out the paused requests that would
   waste the most within the swap-out budget, preserve or discard the rest, whichever wastes less.
+* `min_waste_deferred`: the same, but a request that only missed this iteration's swap budget waits
+  for a later one when holding it until then wastes less than recomputing it (`infercept`).
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class PausedCost:
     # Our extension: swapping only pays when the call is expected to outlast the round trip of the
     # copy (out and back in); otherwise the request would be back before its KV is.
     swap_worthwhile: bool = True
+    remaining_s: float = math.inf  # the call's expected remaining time
+    round_trip_s: float = 0.0  # its copy out and back in
 
     @property
     def waste(self) -> float:  # Eq. 5
@@ -89,22 +93,58 @@ class StepDecision:
     discard: list[str] = field(default_factory=list)
 
 
-def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int) -> StepDecision:
+@dataclass(frozen=True)
+class SwapQueue:
+    """How soon a swap-out that misses this iteration's budget could start (our extension, for
+    `min_waste_deferred`): the copies ahead of it drain at N_i tokens per iteration, swap-ins first
+    (the budget favours them), then the swap-outs under way, then those chosen or deferred before it."""
+
+    tokens_ahead: int  # swap-in tokens still to copy + swap-out tokens under way
+    limit_tokens: int  # N_i: tokens one iteration moves, both directions together
+    step_s: float  # one iteration's time
+    block_size: int
+
+    def wait_s(self, blocks_ahead: int) -> float:
+        """Time until a copy with `blocks_ahead` blocks planned before it (this iteration) starts: in
+        the iteration after those ahead of it have moved."""
+        tokens = self.tokens_ahead + blocks_ahead * self.block_size
+        return (tokens // max(self.limit_tokens, self.block_size) + 1) * self.step_s
+
+
+def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int,
+                   queue: SwapQueue | None = None) -> StepDecision:
     """The paper's per-iteration choice: sort paused requests by their minimum waste, largest first;
     swap out from the top while the swap-out budget and the host buffer allow; preserve or discard the
     rest, whichever wastes less. A request bigger than one iteration's budget still starts swapping
     (its copy continues over the next iterations) when it is first in line and the budget is unused,
-    so large contexts are not starved."""
+    so large contexts are not starved.
+
+    With `queue` (our extension), a request that only missed this iteration's budget is not compared
+    against preserving it for its whole call, as the paper does: a discard is final, but a preserved
+    request is decided again next iteration, when the budget may reach it. It stays preserved when
+    holding its KV until its copy can start wastes less than recomputing it, and it still outlasts
+    the copy's round trip after that wait; otherwise the paper's choice applies."""
     swap, discard = [], []
     budget, host = swap_out_budget_blocks, host_free_blocks
+    deferred_blocks = 0  # blocks chosen or deferred this iteration, ahead of the next candidate
     for c in sorted(costs, key=lambda c: c.waste, reverse=True):
         fits_host = c.context_blocks <= host
         first_in_line = budget == swap_out_budget_blocks and budget > 0
-        if fits_host and c.swap_worthwhile and c.waste > 0 and (c.context_blocks <= budget or first_in_line):
+        wants_swap = fits_host and c.swap_worthwhile and c.waste > 0
+        if wants_swap and (c.context_blocks <= budget or first_in_line):
             swap.append(c.request_id)
             budget -= min(budget, c.context_blocks)
             host -= c.context_blocks
-        elif c.waste_discard < c.waste_preserve:
+            deferred_blocks += c.context_blocks
+            continue
+        if wants_swap and queue is not None:
+            wait = queue.wait_s(deferred_blocks)
+            hold = c.waste_preserve * min(1.0, wait / c.remaining_s)  # Eq. 2 over the wait only
+            if c.remaining_s - wait > c.round_trip_s and hold < c.waste_discard:
+                host -= c.context_blocks  # its copy will need these slots
+                deferred_blocks += c.context_blocks
+                continue  # preserved for now: swapped once the budget reaches it
+        if c.waste_discard < c.waste_preserve:
             discard.append(c.request_id)
     return StepDecision(swap_out=swap, discard=discard)
 
@@ -124,6 +164,10 @@ class DecisionInput:
     swap_out_budget_tokens: int
     host_free_blocks: int
     prefix_caching: bool  # freed full blocks stay hittable, so a discard recomputes only the tail
+    # For `min_waste_deferred`: copies under way or queued ahead of new swap-outs (swap-ins still to
+    # copy in, swap-outs still to copy out), and N_i, the tokens one iteration moves.
+    swap_queue_tokens: int = 0
+    swap_limit_tokens: int = 0
 
 
 def paused_costs(inp: DecisionInput) -> list[PausedCost]:
@@ -146,6 +190,8 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
             waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
             waste_discard=waste_chunked_discard_byte_s(prof, ctx, inp.running_tokens, chunk, cached),
             swap_worthwhile=remaining > round_trip + prof.t_fwd_s(max(1, inp.last_batch_tokens)),
+            remaining_s=remaining,
+            round_trip_s=round_trip,
         ))
     return costs
 
@@ -153,6 +199,18 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
 def min_waste(inp: DecisionInput) -> StepDecision:
     """The InferCept policy's decision function (Eq. 2, 4, 5 with the swap budget of Sec. 4.2)."""
     return infercept_plan(paused_costs(inp), inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks)
+
+
+def min_waste_deferred(inp: DecisionInput) -> StepDecision:
+    """`min_waste`, except that a request that only missed this iteration's swap budget waits for it
+    when that wastes less than a recompute (`infercept_plan` with a `SwapQueue`). The paper compares
+    a discard against preserving for the whole call; with a budget sized to the forward window, copies
+    are under way in most iterations, so that rule recomputed most long calls that paused meanwhile."""
+    queue = SwapQueue(
+        tokens_ahead=inp.swap_queue_tokens, limit_tokens=inp.swap_limit_tokens,
+        step_s=inp.profile.t_fwd_s(max(1, inp.last_batch_tokens)), block_size=inp.block_size,
+    )
+    return infercept_plan(paused_costs(inp), inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks, queue)
 
 
 def swap_long_calls(inp: DecisionInput) -> StepDecision:

@@ -30,7 +30,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
-from engine_adapter.policy.decide import DecisionInput, StepDecision, min_waste, swap_long_calls, ttl_for
+from engine_adapter.policy.decide import (
+    DecisionInput,
+    StepDecision,
+    min_waste,
+    min_waste_deferred,
+    swap_long_calls,
+    ttl_for,
+)
 
 
 class Action(str, Enum):
@@ -104,8 +111,8 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.PRESERVE, swap=True, decide=swap_long_calls, chunk_at_saturation=True, estimator="dynamic"),
     PolicySpec("infercept-paper", "per iteration, the paper's min-waste choice (Eq. 2, 4, 5) with its elapsed-time estimate of the call's remaining time",
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
-    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); under memory pressure, preserved KV is swapped out rather than freed",
-               Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, swap_under_pressure=True),
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; under memory pressure, preserved KV is swapped out rather than freed",
+               Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

@@ -244,6 +244,29 @@ def test_infercept_swaps_long_calls_and_keeps_short_ones() -> None:
     assert core.entries["tts"].state is KvState.SWAPPING_OUT and core.entries["calc"].state is KvState.PRESERVED
 
 
+@pytest.mark.parametrize("policy", ["infercept-paper", "infercept"])
+def test_a_long_call_pausing_while_a_copy_takes_the_budget(policy: str) -> None:
+    """The paper compares a discard against preserving for the whole call, so a long call that pauses while
+    copies take the swap budget is recomputed; `infercept` holds it until the budget reaches it."""
+    pool = Pool()
+    core = make(policy, pool)
+    busy = StepView(0, None, running_requests=2, running_tokens=2000)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)
+    step(core, pool, 0.001, busy)  # a's copy starts: 3 of its 6 blocks
+    assert core.entries["a"].state is KvState.SWAPPING_OUT
+    pause(core, pool, "b", 4 * BLOCK, now=0.002)
+    step(core, pool, 0.003, busy)  # a's last 3 blocks take this step's whole budget
+    b = core.entries["b"]
+    if policy == "infercept-paper":
+        assert b.state is KvState.DISCARDED
+        return
+    assert b.state is KvState.PRESERVED and core.entries["a"].state is KvState.SWAPPED
+    c = step(core, pool, 0.004, busy)  # the budget is free again: b's copy starts
+    assert b.state is KvState.SWAPPING_OUT and len(c.swap_out) == 3
+    step(core, pool, 0.005, busy)
+    assert b.state is KvState.SWAPPED and b.record.kv_fate is Fate.SWAP
+
+
 def test_demotion_frees_the_latest_back_when_running_work_needs_blocks() -> None:
     pool = Pool(blocks=10)
     core = make("preserve", pool)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from engine_adapter.intercept.swap import SlotPool
-from engine_adapter.policy.decide import PausedCost, infercept_plan
+from engine_adapter.policy.decide import PausedCost, SwapQueue, infercept_plan, min_waste, min_waste_deferred
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.waste import (
     waste_chunked_discard_byte_s,
@@ -79,3 +81,62 @@ def test_slot_pool() -> None:
     assert pool.num_free == 4
     with pytest.raises(AssertionError):
         pool.give([0])
+
+
+# ---------------------------------------------------------------- waiting for a later swap budget (`infercept`)
+def queue(tokens_ahead: int, limit_tokens: int = 1600, step_s: float = 0.01) -> SwapQueue:
+    return SwapQueue(tokens_ahead=tokens_ahead, limit_tokens=limit_tokens, step_s=step_s, block_size=BLOCK)
+
+
+def cost_with_times(rid: str, remaining_s: float, ctx: int, other: int = 4000) -> PausedCost:
+    c = cost(rid, remaining_s, ctx, other)
+    return dataclasses.replace(c, remaining_s=remaining_s, round_trip_s=P.t_swap_out_s(ctx) + P.t_swap_in_s(ctx))
+
+
+def test_queue_wait_counts_the_copies_ahead_in_whole_iterations() -> None:
+    q = queue(tokens_ahead=2400, limit_tokens=1600, step_s=0.01)
+    assert q.wait_s(0) == pytest.approx(0.02)  # 2400 tokens ahead: one full iteration, then part of the next
+    assert q.wait_s(50) == pytest.approx(0.03)  # 50 blocks (800 tokens) more ahead of it: 3200 -> the third
+    assert queue(0).wait_s(0) == pytest.approx(0.01)  # nothing ahead: the next iteration
+
+
+def test_a_long_call_that_missed_the_budget_waits_for_it_instead_of_being_recomputed() -> None:
+    long = cost_with_times("tts", remaining_s=17.0, ctx=1800)
+    # The paper's rule: no budget this iteration, so the cheaper of preserving for all 17 s or discarding.
+    assert infercept_plan([long], 0, 1000).discard == ["tts"]
+    # Deferred: holding it ~2 iterations until the copies ahead have moved wastes far less than a recompute.
+    plan = infercept_plan([long], 0, 1000, queue(tokens_ahead=2000))
+    assert plan.discard == [] and plan.swap_out == []  # preserved, decided again next iteration
+    hold = long.waste_preserve * queue(2000).wait_s(0) / long.remaining_s
+    assert hold < long.waste_discard
+
+
+def test_deferral_falls_back_to_the_paper_when_the_wait_is_too_long_or_the_host_too_small() -> None:
+    long = cost_with_times("tts", remaining_s=17.0, ctx=1800)
+    # A queue so long that holding it until its copy starts costs more than recomputing it: discarded.
+    slow = queue(tokens_ahead=10_000_000, limit_tokens=16, step_s=0.05)
+    assert long.waste_preserve * min(1.0, slow.wait_s(0) / long.remaining_s) > long.waste_discard
+    assert infercept_plan([long], 0, 1000, slow).discard == ["tts"]
+    # The call would be back before its copy could start and finish: the paper's choice (here, discard).
+    short = cost_with_times("img", remaining_s=0.05, ctx=1800)
+    assert not short.swap_worthwhile or short.remaining_s - queue(2000).wait_s(0) <= short.round_trip_s
+    assert infercept_plan([short], 0, 1000, queue(2000)).swap_out == []
+    # No room in the host buffer for it: never deferred for a copy that cannot happen.
+    assert infercept_plan([long], 0, 10, queue(0)).discard == ["tts"]
+
+
+def test_deferred_requests_queue_behind_each_other_and_reserve_host_room() -> None:
+    costs = [cost_with_times(f"r{i}", remaining_s=17.0, ctx=1600) for i in range(3)]  # 100 blocks each
+    # Host room for two copies: the first two wait for the budget, the third is decided by the paper's rule.
+    plan = infercept_plan(costs, 0, 200, queue(tokens_ahead=0))
+    assert len(plan.discard) == 1 and plan.swap_out == []
+    # With a budget for one, one starts now and the next waits behind it (its wait counts the first's blocks).
+    plan = infercept_plan(costs, 100, 10_000, queue(tokens_ahead=0))
+    assert len(plan.swap_out) == 1 and plan.discard == []
+
+
+def test_min_waste_deferred_is_infercepts_decision_and_the_paper_keeps_its_rule() -> None:
+    from engine_adapter.policy.table import policy_spec
+
+    assert policy_spec("infercept").decide is min_waste_deferred
+    assert policy_spec("infercept-paper").decide is min_waste
