@@ -76,8 +76,11 @@ class PausedCost:
     # Our extension: swapping only pays when the call is expected to outlast the round trip of the
     # copy (out and back in); otherwise the request would be back before its KV is.
     swap_worthwhile: bool = True
-    remaining_s: float = math.inf  # the call's expected remaining time
+    # For waiting on a later iteration's swap budget (`SwapQueue`); 0 bytes: never waits.
+    remaining_s: float = 0.0  # the call's expected remaining time
     round_trip_s: float = 0.0  # its copy out and back in
+    held_s: float = 0.0  # how long its KV has been held idle since the pause
+    context_bytes: int = 0  # its KV (C x M): Eq. 2's waste per second held
 
     @property
     def waste(self) -> float:  # Eq. 5
@@ -105,10 +108,10 @@ class SwapQueue:
     block_size: int
 
     def wait_s(self, blocks_ahead: int) -> float:
-        """Time until a copy with `blocks_ahead` blocks planned before it (this iteration) starts: in
-        the iteration after those ahead of it have moved."""
+        """Time until a copy with `blocks_ahead` blocks planned before it starts: the iterations that
+        move those ahead of it (this one included), at least the next one's."""
         tokens = self.tokens_ahead + blocks_ahead * self.block_size
-        return (tokens // max(self.limit_tokens, self.block_size) + 1) * self.step_s
+        return max(1, -(-tokens // max(self.limit_tokens, self.block_size))) * self.step_s
 
 
 def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, host_free_blocks: int,
@@ -121,28 +124,30 @@ def infercept_plan(costs: Sequence[PausedCost], swap_out_budget_blocks: int, hos
 
     With `queue` (our extension), a request that only missed this iteration's budget is not compared
     against preserving it for its whole call, as the paper does: a discard is final, but a preserved
-    request is decided again next iteration, when the budget may reach it. It stays preserved when
-    holding its KV until its copy can start wastes less than recomputing it, and it still outlasts
-    the copy's round trip after that wait; otherwise the paper's choice applies."""
+    request is decided again next iteration, when the budget may reach it. It stays preserved while
+    its whole hold (since the pause, plus the wait for its copy to start) wastes less than recomputing
+    it, and the call still outlasts the copy's round trip after that wait; otherwise the paper's
+    choice applies. Counting the hold since the pause bounds the waiting: a request that later
+    arrivals keep overtaking is not held for longer than its recompute would cost."""
     swap, discard = [], []
     budget, host = swap_out_budget_blocks, host_free_blocks
-    deferred_blocks = 0  # blocks chosen or deferred this iteration, ahead of the next candidate
+    ahead_blocks = 0  # blocks chosen or deferred this iteration, ahead of the next candidate
+    deferred_host = 0  # host slots the deferred ones will need (not taken from swaps that start now)
     for c in sorted(costs, key=lambda c: c.waste, reverse=True):
-        fits_host = c.context_blocks <= host
         first_in_line = budget == swap_out_budget_blocks and budget > 0
-        wants_swap = fits_host and c.swap_worthwhile and c.waste > 0
-        if wants_swap and (c.context_blocks <= budget or first_in_line):
+        wants_swap = c.swap_worthwhile and c.waste > 0
+        if wants_swap and c.context_blocks <= host and (c.context_blocks <= budget or first_in_line):
             swap.append(c.request_id)
             budget -= min(budget, c.context_blocks)
             host -= c.context_blocks
-            deferred_blocks += c.context_blocks
+            ahead_blocks += c.context_blocks
             continue
-        if wants_swap and queue is not None:
-            wait = queue.wait_s(deferred_blocks)
-            hold = c.waste_preserve * min(1.0, wait / c.remaining_s)  # Eq. 2 over the wait only
+        if wants_swap and queue is not None and c.context_bytes > 0 and c.context_blocks <= host - deferred_host:
+            wait = queue.wait_s(ahead_blocks)
+            hold = (c.held_s + min(wait, c.remaining_s)) * c.context_bytes  # Eq. 2 over the hold only
             if c.remaining_s - wait > c.round_trip_s and hold < c.waste_discard:
-                host -= c.context_blocks  # its copy will need these slots
-                deferred_blocks += c.context_blocks
+                deferred_host += c.context_blocks  # its copy will need these slots
+                ahead_blocks += c.context_blocks
                 continue  # preserved for now: swapped once the budget reaches it
         if c.waste_discard < c.waste_preserve:
             discard.append(c.request_id)
@@ -192,6 +197,8 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
             swap_worthwhile=remaining > round_trip + prof.t_fwd_s(max(1, inp.last_batch_tokens)),
             remaining_s=remaining,
             round_trip_s=round_trip,
+            held_s=max(0.0, inp.now_s - v.paused_at_s),
+            context_bytes=ctx * prof.kv_bytes_per_token,
         ))
     return costs
 

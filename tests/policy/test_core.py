@@ -255,7 +255,14 @@ def test_a_long_call_pausing_while_a_copy_takes_the_budget(policy: str) -> None:
     step(core, pool, 0.001, busy)  # a's copy starts: 3 of its 6 blocks
     assert core.entries["a"].state is KvState.SWAPPING_OUT
     pause(core, pool, "b", 4 * BLOCK, now=0.002)
+    seen = []
+    decide = core.spec.decide
+    assert decide is not None
+    core.spec = dataclasses.replace(core.spec, decide=lambda inp: seen.append(inp) or decide(inp))
     step(core, pool, 0.003, busy)  # a's last 3 blocks take this step's whole budget
+    # What the decision was told: a's 3 blocks still to copy ahead of b, N_i = 3 blocks, no budget left.
+    (inp,) = seen
+    assert (inp.swap_queue_tokens, inp.swap_limit_tokens, inp.swap_out_budget_tokens) == (3 * BLOCK, 3 * BLOCK, 0)
     b = core.entries["b"]
     if policy == "infercept-paper":
         assert b.state is KvState.DISCARDED

@@ -88,15 +88,16 @@ def queue(tokens_ahead: int, limit_tokens: int = 1600, step_s: float = 0.01) -> 
     return SwapQueue(tokens_ahead=tokens_ahead, limit_tokens=limit_tokens, step_s=step_s, block_size=BLOCK)
 
 
-def cost_with_times(rid: str, remaining_s: float, ctx: int, other: int = 4000) -> PausedCost:
-    c = cost(rid, remaining_s, ctx, other)
-    return dataclasses.replace(c, remaining_s=remaining_s, round_trip_s=P.t_swap_out_s(ctx) + P.t_swap_in_s(ctx))
+def cost_with_times(rid: str, remaining_s: float, ctx: int, other: int = 4000, held_s: float = 0.0) -> PausedCost:
+    return dataclasses.replace(cost(rid, remaining_s, ctx, other), remaining_s=remaining_s, held_s=held_s,
+                               round_trip_s=P.t_swap_out_s(ctx) + P.t_swap_in_s(ctx), context_bytes=ctx * P.kv_bytes_per_token)
 
 
 def test_queue_wait_counts_the_copies_ahead_in_whole_iterations() -> None:
-    q = queue(tokens_ahead=2400, limit_tokens=1600, step_s=0.01)
-    assert q.wait_s(0) == pytest.approx(0.02)  # 2400 tokens ahead: one full iteration, then part of the next
-    assert q.wait_s(50) == pytest.approx(0.03)  # 50 blocks (800 tokens) more ahead of it: 3200 -> the third
+    assert queue(2400).wait_s(0) == pytest.approx(0.02)  # 1.5 iterations' worth ahead: it starts in the second
+    assert queue(1600).wait_s(0) == pytest.approx(0.01)  # exactly one: this iteration moves it, it starts next
+    assert queue(2400).wait_s(50) == pytest.approx(0.02)  # 50 blocks (800 tokens) more: 3200 = two iterations
+    assert queue(2400).wait_s(51) == pytest.approx(0.03)
     assert queue(0).wait_s(0) == pytest.approx(0.01)  # nothing ahead: the next iteration
 
 
@@ -104,35 +105,58 @@ def test_a_long_call_that_missed_the_budget_waits_for_it_instead_of_being_recomp
     long = cost_with_times("tts", remaining_s=17.0, ctx=1800)
     # The paper's rule: no budget this iteration, so the cheaper of preserving for all 17 s or discarding.
     assert infercept_plan([long], 0, 1000).discard == ["tts"]
-    # Deferred: holding it ~2 iterations until the copies ahead have moved wastes far less than a recompute.
+    # Waiting: holding it 2 iterations until the copies ahead have moved wastes far less than a recompute.
     plan = infercept_plan([long], 0, 1000, queue(tokens_ahead=2000))
     assert plan.discard == [] and plan.swap_out == []  # preserved, decided again next iteration
-    hold = long.waste_preserve * queue(2000).wait_s(0) / long.remaining_s
-    assert hold < long.waste_discard
+    assert 0.02 * 1800 * P.kv_bytes_per_token < long.waste_discard
+    # A cost without the times (context_bytes 0) never waits: the paper's rule.
+    assert infercept_plan([cost("tts", 17.0, 1800)], 0, 1000, queue(2000)).discard == ["tts"]
 
 
-def test_deferral_falls_back_to_the_paper_when_the_wait_is_too_long_or_the_host_too_small() -> None:
+def test_the_hold_since_the_pause_bounds_the_waiting() -> None:
+    # Overtaken again and again, a request is held no longer than its recompute would cost: then discarded.
+    limit_s = cost("x", 17.0, 1800).waste_discard / (1800 * P.kv_bytes_per_token)  # hold that equals a recompute
+    assert infercept_plan([cost_with_times("tts", 17.0, 1800, held_s=0.5 * limit_s)], 0, 1000, queue(0)).discard == []
+    assert infercept_plan([cost_with_times("tts", 17.0, 1800, held_s=limit_s)], 0, 1000, queue(0)).discard == ["tts"]
+
+
+def test_waiting_falls_back_to_the_paper_when_the_wait_is_too_long_or_the_host_too_small() -> None:
     long = cost_with_times("tts", remaining_s=17.0, ctx=1800)
     # A queue so long that holding it until its copy starts costs more than recomputing it: discarded.
-    slow = queue(tokens_ahead=10_000_000, limit_tokens=16, step_s=0.05)
-    assert long.waste_preserve * min(1.0, slow.wait_s(0) / long.remaining_s) > long.waste_discard
-    assert infercept_plan([long], 0, 1000, slow).discard == ["tts"]
-    # The call would be back before its copy could start and finish: the paper's choice (here, discard).
-    short = cost_with_times("img", remaining_s=0.05, ctx=1800)
-    assert not short.swap_worthwhile or short.remaining_s - queue(2000).wait_s(0) <= short.round_trip_s
-    assert infercept_plan([short], 0, 1000, queue(2000)).swap_out == []
-    # No room in the host buffer for it: never deferred for a copy that cannot happen.
+    assert infercept_plan([long], 0, 1000, queue(tokens_ahead=10_000_000, limit_tokens=16, step_s=0.05)).discard == ["tts"]
+    # The call would be back before its copy could finish after the wait (0.4 s left, a 0.5 s round trip):
+    # the paper's choice, although holding it for the wait would be cheap.
+    c = PausedCost("img", context_blocks=10, waste_preserve=10.0, waste_discard=5.0, remaining_s=1.0,
+                   round_trip_s=0.5, context_bytes=1)
+    assert infercept_plan([c], 0, 1000, queue(tokens_ahead=60 * 1600, step_s=0.01)).discard == ["img"]
+    assert infercept_plan([c], 0, 1000, queue(tokens_ahead=40 * 1600, step_s=0.01)).discard == []
+    # No room in the host buffer for it: never held for a copy that cannot happen.
     assert infercept_plan([long], 0, 10, queue(0)).discard == ["tts"]
 
 
-def test_deferred_requests_queue_behind_each_other_and_reserve_host_room() -> None:
+def test_waiting_requests_queue_behind_each_other() -> None:
     costs = [cost_with_times(f"r{i}", remaining_s=17.0, ctx=1600) for i in range(3)]  # 100 blocks each
-    # Host room for two copies: the first two wait for the budget, the third is decided by the paper's rule.
-    plan = infercept_plan(costs, 0, 200, queue(tokens_ahead=0))
+    # One iteration (0.3 s) moves one of them: the first two wait one iteration, the third two, which
+    # costs more than its recompute.
+    assert 0.3 * 1600 * P.kv_bytes_per_token < costs[2].waste_discard < 0.6 * 1600 * P.kv_bytes_per_token
+    plan = infercept_plan(costs, 0, 10_000, queue(tokens_ahead=0, limit_tokens=1600, step_s=0.3))
     assert len(plan.discard) == 1 and plan.swap_out == []
-    # With a budget for one, one starts now and the next waits behind it (its wait counts the first's blocks).
+    # Host room for two copies: the third is decided by the paper's rule even with a short wait.
+    assert len(infercept_plan(costs, 0, 200, queue(0)).discard) == 1
+    # With a budget for one, one starts now and the others wait behind it.
     plan = infercept_plan(costs, 100, 10_000, queue(tokens_ahead=0))
     assert len(plan.swap_out) == 1 and plan.discard == []
+
+
+def test_a_waiting_request_does_not_take_host_room_from_a_swap_that_starts_now() -> None:
+    x = PausedCost("x", context_blocks=30, waste_preserve=9e9, waste_discard=8e9, swap_worthwhile=True)
+    a = dataclasses.replace(x, request_id="a", context_blocks=100, waste_preserve=7e9, waste_discard=6e9,
+                            remaining_s=20.0, context_bytes=1)
+    b = dataclasses.replace(x, request_id="b", context_blocks=40, waste_preserve=5e9, waste_discard=4e9)
+    # x starts (budget 70 -> 40), a (100 blocks) misses the budget and waits, b (40 blocks) fits it and starts:
+    # the host (160 slots) holds x and b now, a's slots are only needed once it starts.
+    plan = infercept_plan([x, a, b], 70, 160, queue(0))
+    assert plan.swap_out == ["x", "b"] and plan.discard == []
 
 
 def test_min_waste_deferred_is_infercepts_decision_and_the_paper_keeps_its_rule() -> None:
