@@ -44,7 +44,9 @@ VARIANTS: dict[str, Variant] = {name: Variant(name, name) for name in POLICY_NAM
 BASELINES = ("discard", "vllm-apc", "preserve", "ttl", "improved-discard", BOUND)
 ABLATION = (("improved-discard", "improved-discard"), ("+ chunked recompute at S", "chunked-discard"),
             ("+ budgeted swap", "swap"), ("+ preserve heuristic", "swap-heuristic"),
-            ("+ min-waste (paper estimate)", "infercept-paper"), ("+ our estimator", "infercept"))
+            ("+ min-waste (paper estimate)", "infercept-paper"),
+            # `infercept` adds three things of ours at once: the estimator, swap under pressure, waiting for the budget.
+            ("+ ours (estimator, pressure swap, wait for budget)", "infercept"))
 
 
 @dataclass
