@@ -13,6 +13,7 @@ from pathlib import Path
 
 from augmentations.base import Augmentation
 from engine_adapter.hints import ToolHint
+from engine_adapter.paths import shipped_config
 from engine_adapter.policy.estimator import load_priors
 
 
@@ -27,7 +28,7 @@ def find_tool(name: str, names: Iterable[str]) -> str | None:
     key = tool_name_key(name)
     return next((n for n in names if tool_name_key(n) == key), None)
 
-PRIORS = Path(__file__).resolve().parent.parent / "configs" / "augmentations.yaml"
+PRIORS = shipped_config("augmentations.yaml")  # the paper's Table 1, shipped as package data
 
 
 class UnknownTool(KeyError):
@@ -44,7 +45,7 @@ class Registry:
     def __init__(self, executors: Iterable[Augmentation] = (), priors: Mapping[str, tuple[float, float]] | None = None) -> None:
         self._by_key: dict[str, Augmentation] = {}
         self._aliases: dict[str, str] = {}  # another name (the config key) -> the executor's key
-        self._priors = dict(priors) if priors is not None else (load_priors(str(PRIORS)) if PRIORS.is_file() else {})
+        self._priors = dict(priors) if priors is not None else load_priors(str(PRIORS))
         for ex in executors:
             self.add(ex)
 

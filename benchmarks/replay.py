@@ -18,9 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from benchmarks.metrics import BOUND, Outcome, Turn, pct, summarize
-from benchmarks.workload import Request, load_table1, random_tokens
+from infercept.benchmarks.metrics import BOUND, Outcome, Turn, pct, summarize
+from infercept.benchmarks.workload import Request, load_table1, random_tokens
 from engine_adapter.policy.table import DEFAULT_TTL_S, POLICY_NAMES
+from engine_adapter.paths import configs_dir
 
 REPO = Path(__file__).resolve().parent.parent
 TABLE1 = load_table1()
@@ -65,7 +66,7 @@ class Setting:
     drain_s: float = 45.0  # after the last arrival, wait at most this long for requests to finish
     priors_path: str | None = None  # Table 1 with durations scaled by time_scale (written by the runner)
     # The tiny model's profile measured on the bench machine (T_fwd grid, S, M): infercept's equations use it.
-    profile: str | None = str(REPO / "configs" / "profiles" / "tiny-cpu-bench.json")
+    profile: str | None = str(configs_dir() / "profiles" / "tiny-cpu-bench.json")
     unlimited_kv_tokens: int = 0  # the bound's KV: enough for every request's context at once (set by the runner)
     kv_bytes_per_token: int = 1024  # M of the model (the profile's): sizes the KV memory vLLM reserves
 

@@ -34,9 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.metrics import BOUND, bound_violations, headline
-from benchmarks.replay import ABLATION, BASELINES, REPO, VARIANTS, EngineRun, Setting
-from benchmarks.workload import PRIORS, WORKLOADS, Request, ShareGPT, generate
+from infercept.benchmarks.metrics import BOUND, bound_violations, headline
+from infercept.benchmarks.replay import ABLATION, BASELINES, REPO, VARIANTS, EngineRun, Setting
+from infercept.benchmarks.workload import PRIORS, WORKLOADS, Request, ShareGPT, generate
+from engine_adapter.paths import configs_dir
 
 DEFAULT_POLICIES = ("discard", "vllm-apc", "preserve", "ttl", "swap", "infercept", BOUND)
 QUICK_POLICIES = ("discard", "vllm-apc", "infercept", BOUND)
@@ -80,7 +81,7 @@ def git_commit() -> str | None:
 
 
 def profile_doc(s: Setting) -> dict[str, Any] | None:
-    path = Path(s.profile) if s.profile and s.model == "tiny" else REPO / "configs" / "profiles" / f"{s.model}-cpu.json"
+    path = Path(s.profile) if s.profile and s.model == "tiny" else configs_dir() / "profiles" / f"{s.model}-cpu.json"
     return json.loads(path.read_text()) if path.is_file() else None
 
 
@@ -201,7 +202,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
     }
     if abl:
         result |= {"ablation_headline": headline(abl, slo_s), "ablation_results": abl, "ablation_token_budget": "vllm-default"}
-    from benchmarks.plots import plots
+    from infercept.benchmarks.plots import plots
 
     result["plots"] = plots(result, plan.out)
     (plan.out / "bench.json").write_text(json.dumps(result, indent=2, default=lambda o: None if o == float("inf") else str(o)))

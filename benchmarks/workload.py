@@ -30,7 +30,9 @@ from typing import Any
 
 import yaml
 
-PRIORS = Path(__file__).resolve().parent.parent / "configs" / "augmentations.yaml"
+from engine_adapter.paths import shipped_config
+
+PRIORS = shipped_config("augmentations.yaml")  # the paper's Table 1, shipped as package data
 TYPES = ("math", "qa", "ve", "chat", "image", "tts")
 WORKLOADS: dict[str, tuple[str, ...]] = {"mixed": TYPES, "qa": ("qa",), "chatbot": ("chat",)}
 

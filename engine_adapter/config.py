@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine_adapter.paths import require_file
 from engine_adapter.policy.estimator import ESTIMATORS
 from engine_adapter.policy.table import DEFAULT_TTL_S, policy_spec
 from engine_adapter.triggers import DEFAULT_TRIGGERS, Trigger
 
 ADDITIONAL_CONFIG_KEY = "infercept"
-REPO_CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 
 
 @dataclass(frozen=True)
@@ -39,8 +39,9 @@ class EngineConfig:
     # Free blocks kept in reserve beyond the next step's need before preserved KV is demoted.
     demotion_reserve_blocks: int = 0
     # Swap (policies `swap` and `infercept`): host buffer size, and the performance profile the
-    # waste equations and swap budgets use (None: configs/profiles/<model>-<device>.json if present,
-    # else built-in defaults, which the engine logs).
+    # waste equations and swap budgets use (None: <model>-<device>.json measured on this machine in
+    # $INFERCEPT_HOME/profiles or shipped in infercept.configs/profiles, else built-in defaults, which the
+    # engine logs as the profile's source; a path given here must exist).
     swap_space_gib: float = 1.0
     # Emulated device<->host link (GB/s) for swaps, for experiments on machines whose copies are far
     # cheaper than a GPU's PCIe link (RAM to RAM here): each iteration's copies take at least
@@ -50,7 +51,7 @@ class EngineConfig:
     profile: str | None = None
     # Call-duration estimate for `infercept`: prior (type distribution, default) | dynamic | oracle.
     estimator: str = "prior"
-    augmentation_priors: str | None = None  # YAML with the Table 1 priors (None: configs/augmentations.yaml)
+    augmentation_priors: str | None = None  # YAML with the Table 1 priors (None: the shipped augmentations.yaml)
     # vLLM's own statistics: its Prometheus metrics (the `vllm:` families: running and waiting requests,
     # KV-cache usage, time to first token, inter-token latency) in the process's default registry.
     log_stats: bool = False
@@ -89,6 +90,12 @@ class EngineConfig:
         for k, v in self.ttl_s.items():
             if v < 0:
                 raise ValueError(f"ttl for {k!r} must be >= 0")
+        # A file named here but missing is an error now, in the caller's process, not a silent fall back to
+        # defaults in the engine core.
+        if self.profile is not None:
+            require_file(self.profile, "engine.profile")
+        if self.augmentation_priors is not None:
+            require_file(self.augmentation_priors, "engine.augmentation_priors")
 
     @property
     def prefix_caching(self) -> bool:
@@ -191,7 +198,7 @@ def read_config_doc(path: str | None) -> Mapping[str, Any]:
 
     if path is None:
         return {}
-    with open(path) as f:
+    with open(require_file(path, "config file")) as f:
         doc = yaml.safe_load(f) or {}
     if not isinstance(doc, Mapping):
         raise ValueError(f"{path}: expected a mapping at the top level")

@@ -16,9 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from engine_adapter.paths import shipped_config
 from engine_adapter.policy import POLICY_NAMES
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+CONFIG_HELP = "YAML config (default: the shipped default.yaml, infercept.configs)"
 
 
 def _engine_env() -> None:
@@ -54,6 +55,7 @@ def _cmd_bench_overhead(args: argparse.Namespace) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
+    from engine_adapter.paths import user_profiles_dir
     from engine_adapter.policy.profile import profile_path
     from engine_adapter.profiler import run_profile
 
@@ -66,7 +68,7 @@ def _cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        out = profile_path(DEFAULT_CONFIG.parent / "profiles", args.model, device)
+        out = profile_path(user_profiles_dir(), args.model, device)
     asyncio.run(run_profile(args.model, args.dtype, grid, args.repeats, out))
     return 0
 
@@ -83,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     prep.set_defaults(func=_cmd_model_prepare)
 
     serve = sub.add_parser("serve", help="start the HTTP gateway with its embedded engine")
-    serve.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    serve.add_argument("--config", help=CONFIG_HELP)
     serve.add_argument("--model", help="default | tiny | a local HF folder | a hub id")
     serve.add_argument("--policy", choices=POLICY_NAMES)
     serve.add_argument("--dtype", help="auto (default) | bfloat16 | float16 | float32")
@@ -102,18 +104,18 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--dtype", default="auto", help="auto: bfloat16 where the device computes it natively, else float32")
     prof.add_argument("--grid", default="16,32,64,128,256,384,512,768,1024,1536,2048")
     prof.add_argument("--repeats", type=int, default=3)
-    prof.add_argument("--out", help="default: configs/profiles/<model>-<device>.json (the engine loads it)")
+    prof.add_argument("--out", help="default: $INFERCEPT_HOME/profiles/<model>-<device>.json (the engine loads it first)")
     prof.set_defaults(func=_cmd_profile)
 
     tools = sub.add_parser("tools", help="list the tools, or run one alone (no model) and print its observation as JSON")
     tsub = tools.add_subparsers(dest="tools_cmd", required=True)
     tlist = tsub.add_parser("list", help="the tools, their types and settings")
-    tlist.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    tlist.add_argument("--config", help=CONFIG_HELP)
     trun = tsub.add_parser("run", help="run one tool: infercept tools run calculator '29*13'")
     trun.add_argument("name", help="a tool's name or config key (calculator, Wikipedia, alfworld, image, tts, ...)")
     trun.add_argument("arguments", help="the argument text the model would write between the brackets")
     trun.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one of the tool's settings (repeatable)")
-    trun.add_argument("--config", default=str(DEFAULT_CONFIG) if DEFAULT_CONFIG.is_file() else None)
+    trun.add_argument("--config", help=CONFIG_HELP)
     trun.add_argument("--session", default="cli", help="session id (tools with per-session state, e.g. ALFWorld)")
     trun.add_argument("--out-dir", default="tool-output", help="where artifacts (images, audio) are written")
     tools.set_defaults(func=_cmd_tools)
@@ -159,7 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--port", type=int, default=8765)
     load.set_defaults(func=_cmd_loadtest)
 
-    from benchmarks.sim.cli import add_arguments as add_simulate_arguments
+    from infercept.benchmarks.sim.cli import add_arguments as add_simulate_arguments
 
     sim = sub.add_parser("simulate", help="discrete-event simulator on the engine's own policy code (no engine, no GPU)")
     add_simulate_arguments(sim)
@@ -180,13 +182,13 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from benchmarks.runner import main as bench_main
+    from infercept.benchmarks.runner import main as bench_main
 
     return bench_main(args)
 
 
 def _cmd_simulate(args: argparse.Namespace) -> int:
-    from benchmarks.sim.cli import main as simulate_main
+    from infercept.benchmarks.sim.cli import main as simulate_main
 
     return simulate_main(args)
 
@@ -195,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _engine_env()
     try:
+        if getattr(args, "config", "") is None:  # the shipped config; a missing one is an error naming it
+            args.config = str(shipped_config("default.yaml"))
         return int(args.func(args) or 0)
     except (ValueError, OSError) as e:  # configuration errors
         print(f"error: {e}", file=sys.stderr)

@@ -104,6 +104,7 @@ async def serve(args: argparse.Namespace) -> int:
         print(
             f"infercept ready in {time.perf_counter() - t0:.1f} s: {url} model={gw.engine.model_path} "
             f"policy={stats.policy} kv_blocks={stats.blocks.total} block_size={stats.block_size} "
+            f"profile={stats.profile.source!r} "
             f"tools={','.join(gw.registry.names())} sessions_restored={gw.restored}",
             flush=True,
         )

@@ -1,6 +1,6 @@
 """GPU performance profiles derived from first principles, for the simulator's paper-scale runs.
 
-    python -m benchmarks.sim.gpu_profiles          # writes configs/profiles/gptj-6b-a100-80gb.json, ...
+    python -m infercept.benchmarks.sim.gpu_profiles          # writes configs/profiles/gptj-6b-a100-80gb.json, ...
 
 Nothing here was measured on a GPU. Each number is one of:
 
@@ -38,11 +38,11 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.sim.cost import Roofline, RooflineCost, StepLoad, grid
+from infercept.benchmarks.sim.cost import Roofline, RooflineCost, StepLoad, grid
 from engine_adapter.policy.profile import Profile, kv_bytes_per_token, saturation_point
+from engine_adapter.paths import configs_dir
 
-REPO = Path(__file__).resolve().parents[2]
-PROFILES = REPO / "configs" / "profiles"
+PROFILES = configs_dir() / "profiles"
 # The grid `infercept profile` measures by default (engine_adapter/profiler.py), so that S comes out as
 # the engine would compute it on that GPU.
 GRID = (16, 32, 64, 128, 256, 384, 512, 768, 1024, 1536, 2048)

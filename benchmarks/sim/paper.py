@@ -8,7 +8,7 @@ The setting, and where each number comes from:
   exps/6B_bench.sh), plus 4.5 and 5 so that every policy's SLO crossing is inside the sweep; its
   128 GiB host swap space (`--swap-space 128` there);
 * one token budget for every policy, S from the profile (the benchmark's rule: `--token-budget`);
-* every policy of the benchmark (`benchmarks.replay.VARIANTS`), the bound `unlimited-kv` included: KV
+* every policy of the benchmark (`infercept.benchmarks.replay.VARIANTS`), the bound `unlimited-kv` included: KV
   for every request's context at once (the runner's rule) and, unlike the bench's tiny setting, a
   running slot for every context too (256 slots would otherwise bound the bound: paused sessions hold
   their slots, and minutes-long calls at 5 requests/s keep hundreds paused);
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replay import REPO, VARIANTS
-from benchmarks.sim.setup import SimBench, load_profile, make_setting
-from benchmarks.sim.sweep import sweep
+from infercept.benchmarks.replay import VARIANTS
+from infercept.benchmarks.sim.setup import SimBench, load_profile, make_setting
+from infercept.benchmarks.sim.sweep import sweep
 from engine_adapter.policy.table import DEFAULT_TTL_S
+from engine_adapter.paths import configs_dir
 
-PROFILES = REPO / "configs" / "profiles"
+PROFILES = configs_dir() / "profiles"
 PAPER_PROFILES = {"gptj-6b": PROFILES / "gptj-6b-a100-80gb.json", "llama2-70b": PROFILES / "llama2-70b-8xa100-80gb.json"}
 # GPT-J: the paper's rates (exps/6B_bench.sh) and two more, so that every policy's SLO crossing is inside
 # the sweep; Llama-2-70B: the paper gives no rates for it here, these bracket every policy's crossing.
@@ -88,7 +89,7 @@ def run_paper(p: PaperRun, verbose: bool = True) -> dict[str, Any]:
                 verbose=verbose)
     s = sb.setting
     res["setting"] = res["setting"] | {
-        "model": p.model, "profile": str(PAPER_PROFILES[p.model].relative_to(REPO)), "profile_source": sb.profile.source,
+        "model": p.model, "profile": f"configs/profiles/{PAPER_PROFILES[p.model].name}", "profile_source": sb.profile.source,
         "saturation_tokens": sb.profile.saturation_tokens, "kv_capacity_tokens": s.kv_tokens, "block_size": s.block_size,
         "max_num_seqs": s.max_num_seqs, "max_model_len": s.max_model_len, "swap_space_gib": s.swap_space_gib,
         "swap_bytes_per_s": sb.profile.swap_out_bytes_per_s, "time_scale": s.time_scale, "drain_s": s.drain_s,

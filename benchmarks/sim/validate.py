@@ -23,20 +23,20 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replay import REPO
-from benchmarks.sim.cost import (
+from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
     context_shares,
     pristine,
     read_decode_grid,
 )
-from benchmarks.sim.report import headline
-from benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
-from benchmarks.sim.sweep import sweep
-from benchmarks.workload import ShareGPT
+from infercept.benchmarks.sim.report import headline
+from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
+from infercept.benchmarks.sim.sweep import sweep
+from infercept.benchmarks.workload import ShareGPT
+from engine_adapter.paths import configs_dir
 
-DEFAULT_PROFILE = REPO / "configs" / "profiles" / "tiny-cpu-bench.json"
+DEFAULT_PROFILE = configs_dir() / "profiles" / "tiny-cpu-bench.json"
 _NOT_SETTING = ("profile", "profile_data", "priors_path")
 HOST_GRID_S = tuple(i * 20e-6 for i in range(21))  # 0 to 400 us per held request per step
 PAIR_SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # x the profile grid's cost per attention pair

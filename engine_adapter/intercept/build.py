@@ -8,12 +8,13 @@ import dataclasses
 import logging
 from pathlib import Path
 
-from engine_adapter.config import REPO_CONFIGS, CoreConfig
+from engine_adapter.config import CoreConfig
 from engine_adapter.intercept.core import CoreSettings, InterceptCore
 from engine_adapter.intercept.state import KvPort
 from engine_adapter.intercept.swap import SwapPlanner
 from engine_adapter.policy.estimator import DurationEstimator, load_priors
-from engine_adapter.policy.profile import Profile, default_profile, profile_path
+from engine_adapter.paths import require_file, shipped_config
+from engine_adapter.policy.profile import Profile, default_profile, find_profile
 from engine_adapter.policy.table import policy_spec
 
 log = logging.getLogger("vllm.infercept.core")  # under vLLM's logger tree in the engine core
@@ -21,11 +22,16 @@ log = logging.getLogger("vllm.infercept.core")  # under vLLM's logger tree in th
 
 def load_profile(cfg: CoreConfig, model: str, device: str, kv_bytes_per_token: int) -> Profile:
     """The profile the waste equations and swap budgets use; M is always the engine's real KV size."""
-    path = Path(cfg.profile) if cfg.profile else profile_path(REPO_CONFIGS / "profiles", model, device)
-    if path.is_file():
-        prof = dataclasses.replace(Profile.load(path), kv_bytes_per_token=kv_bytes_per_token)
+    if cfg.profile:
+        path: Path | None = require_file(cfg.profile, "engine.profile")
     else:
-        prof = default_profile(model, device, kv_bytes_per_token, f"no profile at {path}")
+        path, searched = find_profile(model, device)
+    if path is not None:
+        loaded = Profile.load(path)
+        prof = dataclasses.replace(loaded, kv_bytes_per_token=kv_bytes_per_token, source=f"{loaded.source}: {path}")
+    else:
+        prof = default_profile(model, device, kv_bytes_per_token, f"no measured profile ({' or '.join(map(str, searched))})")
+        log.warning("InferCept core: %s; using built-in defaults (measure one with `infercept profile`)", prof.source)
     if cfg.swap_link_gbps:
         # Swaps go over an emulated link: budgets and stall accounting use its bandwidth, and copies
         # overlap the forward pass as on a GPU's side stream.
@@ -39,8 +45,9 @@ def build_core(cfg: CoreConfig, kv: KvPort, *, model: str, device: str, block_si
                host_slots: int, release_when_copied: bool = True) -> InterceptCore:
     spec = policy_spec(cfg.policy)
     prof = load_profile(cfg, model, device, kv_bytes_per_token)
-    priors_path = cfg.augmentation_priors or str(REPO_CONFIGS / "augmentations.yaml")
-    priors = load_priors(priors_path) if Path(priors_path).is_file() else {}
+    priors_path = require_file(cfg.augmentation_priors, "engine.augmentation_priors") if cfg.augmentation_priors \
+        else shipped_config("augmentations.yaml")
+    priors = load_priors(str(priors_path))
     estimator = DurationEstimator(spec.estimator or cfg.estimator, priors)
     swap = SwapPlanner(prof, block_size, host_slots) if spec.swap else None
     settings = CoreSettings(ttl_s=dict(cfg.ttl_s), demotion_reserve_blocks=cfg.demotion_reserve_blocks,

@@ -154,5 +154,15 @@ def default_profile(model: str, device: str, kv_bytes_per_token: int, reason: st
 
 
 def profile_path(profiles_dir: Path, model: str, device: str) -> Path:
-    """configs/profiles/<model folder name>-<device>.json"""
+    """<profiles_dir>/<model folder name>-<device>.json"""
     return profiles_dir / f"{Path(model).name}-{device}.json"
+
+
+def find_profile(model: str, device: str) -> tuple[Path | None, list[Path]]:
+    """The measured profile for this model and device: one made on this machine (`infercept profile`,
+    in $INFERCEPT_HOME/profiles) wins over the one shipped in the package. Returns (path or None, the
+    paths searched)."""
+    from engine_adapter.paths import configs_dir, user_profiles_dir
+
+    searched = [profile_path(user_profiles_dir(), model, device), profile_path(configs_dir() / "profiles", model, device)]
+    return next((p for p in searched if p.is_file()), None), searched
