@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replay import ABLATION
+from infercept.benchmarks.replay import ABLATION
 
 
 def plots(result: dict[str, Any], out: Path) -> list[str]:

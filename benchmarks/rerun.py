@@ -3,7 +3,7 @@ results and recompute the headline (after a fix to one policy, or to put every p
 period of a noisy machine). `--slo` measures the SLO's reference again first (on the bound's engine,
 requests one at a time, as the runner does). Every re-run is recorded under `reruns` with its commit.
 
-    python -m benchmarks.rerun results/bench/bench.json infercept [--slo] [--token-budget N]
+    python -m infercept.benchmarks.rerun results/bench/bench.json infercept [--slo] [--token-budget N]
 
 `--token-budget N` runs the named policies at N tokens per iteration instead of their recorded budget (e.g. the
 bound at InferCept's S, the budget issue 12 asks the bound to share); the new budget is recorded in `token_budget`.
@@ -14,10 +14,10 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.metrics import bound_violations, headline
-from benchmarks.plots import plots
-from benchmarks.replay import VARIANTS, EngineRun, Setting
-from benchmarks.runner import Plan, git_commit, make_workloads, measure_reference
+from infercept.benchmarks.metrics import bound_violations, headline
+from infercept.benchmarks.plots import plots
+from infercept.benchmarks.replay import VARIANTS, EngineRun, Setting
+from infercept.benchmarks.runner import Plan, git_commit, make_workloads, measure_reference
 
 
 async def main():
@@ -52,7 +52,7 @@ async def main():
     b["headline"] = headline({k: {int(sd): v for sd, v in runs.items()} for k, runs in b["results"].items()}, b["slo"]["slo_normalized_latency_s"])
     b["bound_violations"] = bound_violations(b["headline"])
     b.setdefault("reruns", []).append({"policies": labels, "commit": git_commit(), "elapsed_s": time.time() - t0,
-        "command": "python -m benchmarks.rerun " + " ".join(sys.argv[1:]), "slo_remeasured": "--slo" in sys.argv,
+        "command": "python -m infercept.benchmarks.rerun " + " ".join(sys.argv[1:]), "slo_remeasured": "--slo" in sys.argv,
         "token_budget": {label: b["token_budget"][label] for label in labels}})
     path.write_text(json.dumps(b, indent=2, default=lambda o: None if o == float("inf") else str(o)))
     b["plots"] = plots(b, path.parent)

@@ -26,15 +26,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.metrics import BOUND
-from benchmarks.metrics import pct as _pct
-from benchmarks.replay import TABLE1
-from benchmarks.runner import context_tokens
-from benchmarks.sim.engine import SimEngine
-from benchmarks.sim.request import SimRequest, from_workload
-from benchmarks.sim.run import unloaded_latency
-from benchmarks.sim.setup import SimBench, variant
-from benchmarks.workload import Request, generate
+from infercept.benchmarks.metrics import BOUND
+from infercept.benchmarks.metrics import pct as _pct
+from infercept.benchmarks.replay import TABLE1
+from infercept.benchmarks.runner import context_tokens
+from infercept.benchmarks.sim.engine import SimEngine
+from infercept.benchmarks.sim.request import SimRequest, from_workload
+from infercept.benchmarks.sim.run import unloaded_latency
+from infercept.benchmarks.sim.setup import SimBench, variant
+from infercept.benchmarks.workload import Request, generate
 
 
 @dataclass

@@ -64,7 +64,7 @@ def _floats(s: str | None) -> tuple[float, ...] | None:
 
 
 def _write(obj: Any, path: Path) -> None:
-    from benchmarks.sim.setup import dump
+    from infercept.benchmarks.sim.setup import dump
 
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(dump(obj) + "\n")
@@ -76,7 +76,7 @@ def _seeds(args: argparse.Namespace, default: str) -> tuple[int, ...]:
 
 
 def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any:
-    from benchmarks.sim.paper import ALL_POLICIES, PaperRun
+    from infercept.benchmarks.sim.paper import ALL_POLICIES, PaperRun
 
     run = PaperRun(model=model, seeds=_seeds(args, "1" if quick else "1,2,3"))
     run.policies = tuple(_labels(args, QUICK_POLICIES if quick else ALL_POLICIES))
@@ -94,11 +94,11 @@ def _command() -> str:
 
 
 def main(args: argparse.Namespace) -> int:
-    from benchmarks.sim.report import table
+    from infercept.benchmarks.sim.report import table
 
     t0 = time.time()
     if args.validate:
-        from benchmarks.sim.validate import print_validation, validate
+        from infercept.benchmarks.sim.validate import print_validation, validate
 
         host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
@@ -110,7 +110,7 @@ def main(args: argparse.Namespace) -> int:
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
     elif args.paper or args.quick:
-        from benchmarks.sim.paper import run_paper
+        from infercept.benchmarks.sim.paper import run_paper
 
         model = args.model or "gptj-6b"
         res = {"command": _command(), **run_paper(_paper_run(args, model, quick=args.quick))}
@@ -122,8 +122,8 @@ def main(args: argparse.Namespace) -> int:
         if args.out or not args.quick:
             _write(res, Path(args.out or default))
     elif args.sessions:
-        from benchmarks.sim.capacity import capacity
-        from benchmarks.sim.paper import PAPER_PROFILES, PaperRun, paper_model
+        from infercept.benchmarks.sim.capacity import capacity
+        from infercept.benchmarks.sim.paper import PAPER_PROFILES, PaperRun, paper_model
 
         model = paper_model(args.profile)
         if model is None:
@@ -140,14 +140,14 @@ def main(args: argparse.Namespace) -> int:
             print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  ({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
         _write(res, Path(args.out or "results/sim/capacity.json"))
     else:
-        from benchmarks.sim.paper import paper_model
+        from infercept.benchmarks.sim.paper import paper_model
 
         model = paper_model(args.profile)
         if model is None:
             print("error: sweeps on other profiles: use --validate with a bench.json", file=sys.stderr)
             return 2
         run = _paper_run(args, model)
-        from benchmarks.sim.paper import run_paper
+        from infercept.benchmarks.sim.paper import run_paper
 
         res = {"command": _command(), **run_paper(run)}
         print(table(res["headline"], res["token_budget"]))

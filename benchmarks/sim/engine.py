@@ -22,9 +22,9 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-from benchmarks.sim.cost import StepCost, copies_s, overlapped, step_s
-from benchmarks.sim.request import SimRequest
-from benchmarks.sim.scheduler import SimScheduler
+from infercept.benchmarks.sim.cost import StepCost, copies_s, overlapped, step_s
+from infercept.benchmarks.sim.request import SimRequest
+from infercept.benchmarks.sim.scheduler import SimScheduler
 from engine_adapter.intercept.core import InterceptCore
 from engine_adapter.intercept.reports import check_integrity, engine_stats
 from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind

@@ -1,4 +1,4 @@
-"""Headline numbers from simulated sweeps, by the benchmark's own rule (`benchmarks.metrics.headline`:
+"""Headline numbers from simulated sweeps, by the benchmark's own rule (`infercept.benchmarks.metrics.headline`:
 per policy the median over seeds of the max rate at the SLO with min and max, ratios to discard,
 vllm-apc, ttl and the bound, waste share and JCT at the highest rate within the SLO), so that a
 simulated headline has bench.json's shape; plus what only the simulator knows (the waste share with
@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Mapping
 from typing import Any
 
-from benchmarks.metrics import headline as bench_headline
+from infercept.benchmarks.metrics import headline as bench_headline
 
 Runs = Mapping[str, Mapping[int, Mapping[str, Mapping[str, Any]]]]  # runs[policy][seed][rate] = a run's summary
 

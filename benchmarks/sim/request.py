@@ -1,5 +1,5 @@
 """A simulated agent request: the scheduler-side state vLLM keeps for it, and the turns the benchmark's
-replay drives it through (`benchmarks.replay.replay`: each turn generates the workload's decode tokens,
+replay drives it through (`infercept.benchmarks.replay.replay`: each turn generates the workload's decode tokens,
 pauses as an intercept of the request's type, the call lasts its sampled duration, and the resume
 appends the tool's returned tokens)."""
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from benchmarks.workload import Request
+from infercept.benchmarks.workload import Request
 
 
 class Status(IntEnum):

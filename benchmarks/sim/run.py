@@ -1,4 +1,4 @@
-"""One policy over the request rates, as `benchmarks.runner` runs it on the real engine (`EngineRun`):
+"""One policy over the request rates, as `infercept.benchmarks.runner` runs it on the real engine (`EngineRun`):
 one engine per policy and seed for all rates in turn (its estimator and profile refinement carry
 over), each rate's requests replayed until they finish or the cutoff (last arrival + drain), then
 summarized by the benchmark's own `summarize` (normalized latency, JCT, waste by kind over the real KV
@@ -10,13 +10,13 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.metrics import Outcome, summarize
-from benchmarks.metrics import pct as _pct
-from benchmarks.replay import TABLE1
-from benchmarks.sim.engine import SimEngine
-from benchmarks.sim.request import SimRequest, from_workload
-from benchmarks.sim.setup import SimBench, variant
-from benchmarks.workload import Request
+from infercept.benchmarks.metrics import Outcome, summarize
+from infercept.benchmarks.metrics import pct as _pct
+from infercept.benchmarks.replay import TABLE1
+from infercept.benchmarks.sim.engine import SimEngine
+from infercept.benchmarks.sim.request import SimRequest, from_workload
+from infercept.benchmarks.sim.setup import SimBench, variant
+from infercept.benchmarks.workload import Request
 
 
 def sim_requests(reqs: Sequence[Request], bench: SimBench, label: str, prefix: str) -> list[SimRequest]:

@@ -23,9 +23,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from benchmarks.sim.cost import StepLoad
-from benchmarks.sim.pool import BlockPool
-from benchmarks.sim.request import SimRequest, Status
+from infercept.benchmarks.sim.cost import StepLoad
+from infercept.benchmarks.sim.pool import BlockPool
+from infercept.benchmarks.sim.request import SimRequest, Status
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
 

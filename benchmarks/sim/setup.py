@@ -8,19 +8,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from benchmarks.replay import VARIANTS, Setting, Variant
-from benchmarks.sim.cost import KVSpill, make_cost
-from benchmarks.sim.engine import SimEngine
-from benchmarks.sim.pool import BlockPool
-from benchmarks.sim.scheduler import SimScheduler
-from benchmarks.workload import PRIORS
+from infercept.benchmarks.replay import VARIANTS, Setting, Variant
+from infercept.benchmarks.sim.cost import KVSpill, make_cost
+from infercept.benchmarks.sim.engine import SimEngine
+from infercept.benchmarks.sim.pool import BlockPool
+from infercept.benchmarks.sim.scheduler import SimScheduler
+from infercept.benchmarks.workload import PRIORS
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
@@ -60,6 +60,9 @@ class SimBench:
     step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
     spill: KVSpill | None = None  # MeasuredCost's cache cliff (None: the profile's `extra.decode_spill`, if any)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
+    # Watchers of every engine this setting builds (experiments read its core and ledger, or add the core's
+    # own `observers`); the simulation never reads what they do.
+    on_engine: list[Callable[[SimEngine], None]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -116,9 +119,12 @@ class SimBench:
             return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
-        return SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill), oracle=v.oracle, check_every=check_every,
-                         frontend_s=self.frontend(),
-                         host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s)
+        eng = SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill), oracle=v.oracle,
+                        check_every=check_every, frontend_s=self.frontend(),
+                        host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s)
+        for watch in self.on_engine:
+            watch(eng)
+        return eng
 
 
 def write_scaled_priors(path: Path, time_scale: float) -> None:

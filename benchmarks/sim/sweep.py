@@ -1,4 +1,4 @@
-"""A simulated benchmark sweep, as `infercept bench` runs one (`benchmarks.runner.bench`), in simulated
+"""A simulated benchmark sweep, as `infercept bench` runs one (`infercept.benchmarks.runner.bench`), in simulated
 time: the SLO first (the bound's engine at the default token budget, the first seed's lowest-rate
 requests one at a time with zero-time calls, times the SLO factor), then seeds outermost, each policy
 on a fresh engine over every rate, and the headline over seeds by the benchmark's own rule. The
@@ -12,13 +12,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.metrics import BOUND, bound_violations
-from benchmarks.runner import context_tokens
-from benchmarks.sim.report import headline
-from benchmarks.sim.run import run_policy, unloaded_latency
-from benchmarks.sim.setup import SimBench
-from benchmarks.sim.workloads import bench_workloads
-from benchmarks.workload import WORKLOADS
+from infercept.benchmarks.metrics import BOUND, bound_violations
+from infercept.benchmarks.runner import context_tokens
+from infercept.benchmarks.sim.report import headline
+from infercept.benchmarks.sim.run import run_policy, unloaded_latency
+from infercept.benchmarks.sim.setup import SimBench
+from infercept.benchmarks.sim.workloads import bench_workloads
+from infercept.benchmarks.workload import WORKLOADS
 
 
 def sweep(bench: SimBench, labels: Sequence[str], rates: Sequence[float], duration_s: float, seeds: Sequence[int], *,

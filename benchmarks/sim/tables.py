@@ -1,6 +1,6 @@
 """The documentation's tables from the committed results (`docs/simulator.md` quotes this output):
 
-    python -m benchmarks.sim.tables [--paper results/sim/paper_scale.json] [--validation results/sim/validation.json]
+    python -m infercept.benchmarks.sim.tables [--paper results/sim/paper_scale.json] [--validation results/sim/validation.json]
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from benchmarks.replay import REPO
+from infercept.benchmarks.replay import REPO
 
 
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:

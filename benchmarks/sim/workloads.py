@@ -1,4 +1,4 @@
-"""The benchmark's requests, from its own generator (`benchmarks.workload.generate`).
+"""The benchmark's requests, from its own generator (`infercept.benchmarks.workload.generate`).
 
 A replay is exact when the generator is given what the benchmark gave it: the mixed and chatbot
 workloads draw real ShareGPT prompts, tokenized by the benchmark model's tokenizer, and the random
@@ -14,7 +14,7 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.workload import Request, ShareGPT, generate
+from infercept.benchmarks.workload import Request, ShareGPT, generate
 
 
 @functools.lru_cache(maxsize=2)

@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
-from benchmarks.metrics import BOUND, Outcome, Turn, bound_violations, headline, max_rate_at_slo, summarize, turn_timing
-from benchmarks.replay import ABLATION, VARIANTS
-from benchmarks.workload import ShareGPT, generate, load_table1
+from infercept.benchmarks.metrics import BOUND, Outcome, Turn, bound_violations, headline, max_rate_at_slo, summarize, turn_timing
+from infercept.benchmarks.replay import ABLATION, VARIANTS
+from infercept.benchmarks.workload import ShareGPT, generate, load_table1
 
 
 def test_same_seed_same_requests_and_rate() -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sim.request import SimRequest, Turn
-from benchmarks.sim.setup import SimBench, make_setting
+from infercept.benchmarks.sim.request import SimRequest, Turn
+from infercept.benchmarks.sim.setup import SimBench, make_setting
 from engine_adapter.policy.profile import Profile
 
 STEP_S = 0.01

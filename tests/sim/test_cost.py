@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from benchmarks.sim import gpu_profiles
-from benchmarks.sim.cost import MeasuredCost, StepLoad, copies_s, make_cost, overlapped, step_s
+from infercept.benchmarks.sim import gpu_profiles
+from infercept.benchmarks.sim.cost import MeasuredCost, StepLoad, copies_s, make_cost, overlapped, step_s
 from engine_adapter.policy.profile import Profile, saturation_point
 from tests.sim.helpers import toy_profile
 
@@ -75,7 +75,7 @@ def test_gptj_on_an_a100_is_weight_bound_when_decoding_and_compute_bound_in_pref
 
 
 def test_a_chunk_attending_to_earlier_context_costs_the_grids_quadratic_term() -> None:
-    from benchmarks.sim.cost import attention_pair_s
+    from infercept.benchmarks.sim.cost import attention_pair_s
 
     # A grid that is exactly a + b n + k n (n + 1) / 2: the fit finds k.
     k = 2e-8
@@ -99,7 +99,7 @@ def _decode_rows(jump: float = 0.0, threshold_tokens: int = 40_000) -> list[tupl
 
 
 def test_the_cache_cliff_is_found_where_the_grid_jumps_and_not_where_it_is_smooth() -> None:
-    from benchmarks.sim.cost import KVSpill
+    from infercept.benchmarks.sim.cost import KVSpill
 
     cliff = KVSpill.fit(_decode_rows(jump=0.06), kv_bytes_per_token=1024)
     assert cliff is not None and cliff.jump_s == pytest.approx(0.06, rel=1e-6)
@@ -115,7 +115,7 @@ def test_the_cache_cliff_is_found_where_the_grid_jumps_and_not_where_it_is_smoot
 
 
 def test_context_shares_come_from_a_grid_over_context_and_keep_the_profiles_steps() -> None:
-    from benchmarks.sim.cost import context_shares
+    from infercept.benchmarks.sim.cost import context_shares
 
     shares = context_shares(_decode_rows(jump=0.06), CPU, below_bytes=40_000 * 1024)
     for b in (1, 8, 32):  # c B C / (D(B, C) - T_fwd(B)) at the profile's context 512
@@ -132,7 +132,7 @@ def test_context_shares_come_from_a_grid_over_context_and_keep_the_profiles_step
 def test_the_committed_decode_grid_reads() -> None:
     from pathlib import Path
 
-    from benchmarks.sim.cost import read_decode_grid
+    from infercept.benchmarks.sim.cost import read_decode_grid
 
     rows = read_decode_grid(Path(__file__).resolve().parents[2] / "results" / "sim" / "decode_context" / "decode.json")
     assert len(rows) >= 50 and all(b > 0 and c > 0 and t > 0 for b, c, t in rows)

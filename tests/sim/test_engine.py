@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.replay import VARIANTS
-from benchmarks.sim.engine import SimEngine
-from benchmarks.sim.run import run_rate
+from infercept.benchmarks.replay import VARIANTS
+from infercept.benchmarks.sim.engine import SimEngine
+from infercept.benchmarks.sim.run import run_rate
 from engine_adapter.intercept.records import Fate
 from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
 

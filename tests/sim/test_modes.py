@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 
-from benchmarks.replay import REPO, Setting
-from benchmarks.sim.capacity import ClosedLoop, request_pool, sessions_at_slo
-from benchmarks.sim.paper import PaperRun
-from benchmarks.sim.sweep import sweep
-from benchmarks.sim.validate import validate
+from infercept.benchmarks.replay import REPO, Setting
+from infercept.benchmarks.sim.capacity import ClosedLoop, request_pool, sessions_at_slo
+from infercept.benchmarks.sim.paper import PaperRun
+from infercept.benchmarks.sim.sweep import sweep
+from infercept.benchmarks.sim.validate import validate
 from tests.sim.helpers import toy_bench
 
 WALL_KEYS = {"sim_wall_s", "wall_s_sim"}
@@ -112,8 +112,8 @@ def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on
     best = min(t["latency_log_error"] for t in trials)
     assert next(t for t in trials if t["pair_scale"] == cm["pair_scale"])["latency_log_error"] == best
     # The multiple scales what a chunk over earlier context pays for it, and nothing else.
-    from benchmarks.sim.cost import StepLoad, attention_pair_s, make_cost, pristine
-    from benchmarks.sim.validate import read_bench, sim_bench
+    from infercept.benchmarks.sim.cost import StepLoad, attention_pair_s, make_cost, pristine
+    from infercept.benchmarks.sim.validate import read_bench, sim_bench
 
     bj = read_bench(bench)
     chunk = StepLoad(tokens=512, requests=1, context=1024, pairs=512 * 1024 + 512 * 513 // 2, cross=512 * 1024)
@@ -171,7 +171,7 @@ def test_closed_loop_sessions_run_one_request_at_a_time(tmp_path: Path) -> None:
 
 
 def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from benchmarks.sim.cli import build_parser, main
+    from infercept.benchmarks.sim.cli import build_parser, main
 
     out = tmp_path / "quick.json"
     assert main(build_parser().parse_args(["--quick", "--out", str(out)])) == 0
