@@ -40,7 +40,7 @@ async def _ttft(engine: InterceptEngine, n_tokens: int, seed: int) -> float:
         await s.close()
 
 
-async def _decode_step_s(engine: InterceptEngine, batch: int, context: int, steps: int = 16) -> float:
+async def decode_step_s(engine: InterceptEngine, batch: int, context: int, steps: int = 16) -> float:
     sessions = [engine.open_session(max_tokens=steps + 1, ignore_eos=True) for _ in range(batch)]
     stamps: list[list[float]] = [[] for _ in range(batch)]
 
@@ -101,7 +101,7 @@ async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: in
         decode = {}
         for batch in (1, 8, 32):
             ctx = min(512, max(grid))
-            decode[f"batch{batch}_ctx{ctx}_s"] = await _decode_step_s(engine, batch, ctx)
+            decode[f"batch{batch}_ctx{ctx}_s"] = await decode_step_s(engine, batch, ctx)
             print(f"decode step, batch {batch} at context {ctx}: {decode[f'batch{batch}_ctx{ctx}_s'] * 1000:.1f} ms", flush=True)
         model_path = engine.model_path or model
     finally:

@@ -67,6 +67,10 @@ class InterceptCore:
         self._released_now: set[int] = set()  # device blocks of swap-outs released in the step being built
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
+        # Read-only watchers (experiments, tracing): called after every change of an entry's KvState, with
+        # the engine's clock where the transition has one (None for the copies the workers report). They
+        # must not change the entry; the core never reads what they do.
+        self.observers: list[Callable[[Entry, float | None], None]] = []
 
     # ================================================================== transitions
     def pause(self, info: PauseInfo, now: float) -> InterceptRecord:
@@ -83,6 +87,7 @@ class InterceptCore:
         e = Entry(info.request_id, rec, KvState.PRESERVED, self._next_seq())
         self.entries[e.request_id] = e
         self.request_of[info.session_id] = info.request_id
+        self._moved(e, now)
         if action is Action.DISCARD:
             self.free(e, Fate.DISCARD, now)
         elif action is Action.SWAP:
@@ -99,6 +104,7 @@ class InterceptCore:
         self.kv.release(e.request_id)
         e.state = KvState.DISCARDED
         self.ledger.release_kv(e.record, fate, now)
+        self._moved(e, now)
 
     def start_swap_out(self, e: Entry, now: float) -> bool:
         """Reserve host slots for the context's blocks and queue the copy; a full host buffer falls back
@@ -112,6 +118,7 @@ class InterceptCore:
             self.free(e, Fate.DISCARD, now)
             return False
         e.host, e.state, e.seq = host, KvState.SWAPPING_OUT, self._next_seq()
+        self._moved(e, now)
         return True
 
     def finish_swap_out(self, e: Entry, now: float) -> None:
@@ -122,6 +129,7 @@ class InterceptCore:
         self.kv.release(e.request_id)
         e.state = KvState.SWAPPED
         self.ledger.release_kv(e.record, Fate.SWAP, now, moved_tokens=e.host.tokens)
+        self._moved(e, now)
 
     def resume(self, request_id: str, now: float, new_arrival_time: float) -> Resume | None:
         """The session's next input arrived. None: the request never paused under this core."""
@@ -143,8 +151,10 @@ class InterceptCore:
         e.seq = self._next_seq()
         if e.state is KvState.SWAPPED:
             e.state = KvState.LOAD_QUEUED
+            self._moved(e, now)
             return Resume(ResumeKind.LOAD, arrival)
         e.state = KvState.RECOMPUTE_QUEUED
+        self._moved(e, now)
         return Resume(ResumeKind.RECOMPUTE, arrival)
 
     def close(self, request_id: str, now: float) -> None:
@@ -322,6 +332,7 @@ class InterceptCore:
             raise TransitionError("vLLM allocated fewer blocks than the swapped context needs")
         e.host.to_load = deque(zip(block_ids[:n], e.host.slots))
         e.state = KvState.LOADING
+        self._moved(e, None)
 
     def step_copies(self) -> StepCopies:
         """The copies of the step being built (the connector ships them to the workers)."""
@@ -337,6 +348,7 @@ class InterceptCore:
         for e in loading:
             if e.request_id in done:
                 e.state = KvState.LOADED
+                self._moved(e, None)
         return copies
 
     # ================================================================== reports
@@ -397,6 +409,7 @@ class InterceptCore:
         at_head = bool(queued) and view.get().head_waiting == queued[0].request_id
         for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading, at_head)]:
             e.state = KvState.LOAD_ARMED
+            self._moved(e, now)
 
     def _drop_host(self, e: Entry) -> None:
         assert self.swap is not None and e.host is not None
@@ -413,6 +426,10 @@ class InterceptCore:
     def _next_seq(self) -> int:
         self._seq += 1
         return self._seq
+
+    def _moved(self, e: Entry, now: float | None) -> None:
+        for watch in self.observers:
+            watch(e, now)
 
     def _post(self, rec: InterceptRecord) -> None:
         self.outbox.setdefault(rec.request_id, []).append(rec)
