@@ -13,12 +13,12 @@ import pytest
 import pytest_asyncio
 
 from engine_adapter.engine import InterceptEngine
-from engine_adapter.policy import POLICY_NAMES
 from tests.conftest import tiny_config
 
 
-@pytest_asyncio.fixture(scope="package", params=POLICY_NAMES)
-async def policy_engine(request: pytest.FixtureRequest) -> AsyncIterator[InterceptEngine]:
+@pytest_asyncio.fixture(scope="package")
+async def policy_engine(request: pytest.FixtureRequest, uses_engine: None) -> AsyncIterator[InterceptEngine]:
+    # Parametrized by tests/conftest.py's pytest_generate_tests: the policies each test names.
     engine = InterceptEngine(tiny_config(request.param))
     await engine.start()
     try:

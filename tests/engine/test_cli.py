@@ -41,7 +41,7 @@ def test_missing_model_package_is_a_clear_error(monkeypatch: pytest.MonkeyPatch)
         models._gguf_source()
 
 
-def test_serve_once_starts_the_gateway_and_engine() -> None:
+def test_serve_once_starts_the_gateway_and_engine(uses_server: None) -> None:
     import socket
 
     with socket.socket() as sock:

@@ -37,7 +37,7 @@ def test_merge_stats_sums_counts_and_keeps_descriptions() -> None:
     assert m["profile"] == a["profile"] and m["swap"] is None
 
 
-async def test_two_ranks_pin_sessions_pause_and_resume_on_their_own_core() -> None:
+async def test_two_ranks_pin_sessions_pause_and_resume_on_their_own_core(uses_engine: None) -> None:
     engine = InterceptEngine(tiny_config("infercept", data_parallel_size=2))
     await engine.start()
     try:

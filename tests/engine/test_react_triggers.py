@@ -41,7 +41,7 @@ Thought:"""
 
 
 @pytest_asyncio.fixture(scope="module")
-async def smol() -> AsyncIterator[InterceptEngine]:
+async def smol(uses_default_model: None) -> AsyncIterator[InterceptEngine]:
     engine = InterceptEngine(EngineConfig(model="default", dtype="float32", policy="preserve", max_model_len=1024, max_num_seqs=4))
     await engine.start()
     try:

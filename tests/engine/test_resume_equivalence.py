@@ -9,6 +9,7 @@ import pytest
 
 from engine_adapter.engine import InterceptEngine
 from tests.engine.helpers import fresh_output, run_turn, wait_all_free
+from tests.waiting import wait_until
 
 TOOL_TEXTS = ["\nObservation: 4,096 results found.\n", "\nObservation: the door is locked.\n"]
 # Longer than two KV blocks (32 tokens each in the test engines), so prefix-cache hits are visible.
@@ -84,14 +85,15 @@ async def test_abort_mid_turn_frees_kv_and_session_continues(policy_engine: Inte
     prompt = engine.encode(PROMPT)
     s = engine.open_session()
 
+    streamed: list[object] = []
+
     async def consume() -> None:
-        async for _ in s.turn(prompt, max_tokens=400):
-            pass
+        async for ev in s.turn(prompt, max_tokens=400):
+            streamed.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(s.history) == 0 or not s.open_in_engine:
-        await asyncio.sleep(0.01)
-    await asyncio.sleep(0.2)
+    # Mid-turn: the request is in the engine and has streamed a few tokens.
+    await wait_until(lambda: len(s.history) > 0 and s.open_in_engine and len(streamed) >= 3, 60, "the turn to stream")
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

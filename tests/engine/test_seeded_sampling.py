@@ -32,7 +32,7 @@ SLOW_REGEX = r"Thought: [^\n]{1,400}\n(Action: Calculator\[[^\n\]\[]{1,400}\]|An
 
 
 @pytest_asyncio.fixture(scope="module")
-async def engine() -> AsyncIterator[InterceptEngine]:
+async def engine(uses_engine: None) -> AsyncIterator[InterceptEngine]:
     old = os.environ.get("VLLM_REGEX_COMPILATION_TIMEOUT_S")
     os.environ["VLLM_REGEX_COMPILATION_TIMEOUT_S"] = "1"  # read by the engine core, spawned below
     e = InterceptEngine(tiny_config("vllm-apc", max_num_batched_tokens=BUDGET))

@@ -16,6 +16,7 @@ from engine_adapter.events import (
 )
 from tests.conftest import TINY_MAX_LEN
 from tests.engine.helpers import wait_all_free
+from tests.waiting import wait_until
 
 
 async def test_close_while_generating_aborts_and_frees(policy_engine: InterceptEngine) -> None:
@@ -28,8 +29,7 @@ async def test_close_while_generating_aborts_and_frees(policy_engine: InterceptE
             events.append(ev)
 
     task = asyncio.create_task(consume())
-    while len(events) < 3:
-        await asyncio.sleep(0.01)
+    await wait_until(lambda: len(events) >= 3, 60, "the first tokens of the story")
     with pytest.raises(SessionBusy):
         async for _ in s.turn("more"):
             pass
@@ -66,12 +66,11 @@ async def test_context_limit_and_empty_first_turn(policy_engine: InterceptEngine
     assert counts.free == counts.total
 
 
+@pytest.mark.policies("discard", "vllm-apc", "improved-discard")  # the policies that free the KV at the pause
 async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: InterceptEngine) -> None:
     """A paused request whose KV was freed still sits in vLLM's KV-holding queue; the engine must not
     count it as work (it would step empty iterations for as long as the call lasts)."""
     engine = policy_engine
-    if engine.config.policy not in ("discard", "vllm-apc", "improved-discard"):
-        pytest.skip("policies that free the KV at the pause")
     s = engine.open_session(max_tokens=4)
     async for _ in s.turn(engine.encode("Tell me about doors.")):
         pass
@@ -82,12 +81,11 @@ async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: Intercep
     await s.close()
 
 
+@pytest.mark.policies("preserve")  # the trigger is the same under every policy
 async def test_a_model_written_observation_ends_the_turn(policy_engine: InterceptEngine) -> None:
     """Only tools write observations: the engine stops the turn at the token that completes a
     model-written "Observation:" (the `observation` trigger), with nothing sampled past it."""
     engine = policy_engine
-    if engine.config.policy != "preserve":
-        pytest.skip("the trigger is the same under every policy")
     s = engine.open_session(max_tokens=40)
     end = None
     async for ev in s.turn(engine.encode("Question: 2+2?\n"), regex=r"Thought: add\nObservation: [a-z]{10}"):

@@ -79,8 +79,8 @@ print(shipped_config("default.yaml"))
     assert Path(proc.stdout.strip()) == installed / "infercept" / "configs" / "default.yaml"
 
 
-@pytest.mark.default_model
-def test_serve_once_from_the_wheel_uses_the_shipped_config_and_profile(installed: Path, tmp_path: Path) -> None:
+def test_serve_once_from_the_wheel_uses_the_shipped_config_and_profile(installed: Path, tmp_path: Path, uses_server: None,
+                                                                        uses_default_model: None) -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -16,6 +16,7 @@ from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.sim.validate import validate
 from tests.sim.helpers import toy_bench
+from tests.bench.shape import check_headline, check_run
 
 WALL_KEYS = {"sim_wall_s", "wall_s_sim"}
 
@@ -180,3 +181,9 @@ def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert res["bound_violations"] == []  # no policy beats the bound (the bench's own check)
     assert all(res["token_budget"][lab] == res["setting"]["saturation_tokens"] for lab in res["headline"])  # S for all
     assert "max rate@SLO" in capsys.readouterr().out
+    # The bench's own per-run and headline checks (tests/bench/test_bench_quick.py runs them on the real engine).
+    for lab in res["headline"]:
+        check_headline(res["headline"][lab], ["discard", "vllm-apc", "ttl", "bound"])
+        for seed_runs in res["results"][lab].values():
+            for run in seed_runs.values():
+                check_run(run, res["setting"]["kv_tokens"], turns_timed=False)
