@@ -1,28 +1,45 @@
 #!/usr/bin/env bash
-# Install everything into .venv/ (idempotent), build the offline models, run the whole test suite.
-# Extra arguments go to pytest (e.g. scripts/test.sh tests/policy -x).
+# Install everything into .venv/ (idempotent), build the offline models, run the test suite.
+#
+#   scripts/test.sh                 # everything (the README's test command, and CI's)
+#   scripts/test.sh --fast          # the unit tier: no engine, no server, nothing slow (about 3 minutes)
+#   scripts/test.sh tests/policy -x # extra arguments go to pytest
+#
+# Tiers are pytest markers assigned from the fixtures a test uses (tests/conftest.py): engine, server,
+# default_model, gpu, and slow by hand.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-scripts/install.sh
-# The web-client test drives Debian's Chromium (no browser download). Install it where we can (root
-# with apt); elsewhere that one test is skipped with the reason.
-if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    echo "installing Debian's chromium for the browser test..."
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-        || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
-        || echo "warning: could not install chromium; the browser test will be skipped" >&2
+fast=0
+if [ "${1:-}" = "--fast" ]; then
+    fast=1
+    shift
 fi
+scripts/install.sh
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/infercept model prepare --name tiny
-.venv/bin/infercept model prepare --name default
+marks=()
+if [ "$fast" = 1 ]; then
+    marks=(-m "not engine and not server and not slow and not default_model and not gpu")
+else
+    # The web-client test drives Debian's Chromium (no browser download). Install it where we can (root
+    # with apt); elsewhere that one test is skipped with the reason.
+    if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing Debian's chromium for the browser test..."
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
+            || echo "warning: could not install chromium; the browser test will be skipped" >&2
+    fi
+    .venv/bin/infercept model prepare --name default
+fi
 set +e
 # The slowest tests are listed at the end, so a CI log shows where the time goes.
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=15 "${marks[@]}" "$@"
 rc=$?
 set -e
 if [ "$rc" -eq 5 ]; then
-    # pytest's "no tests collected": this suite always has tests, so that means a broken collection.
+    # pytest's "no tests collected": this suite always has tests, so that means a broken collection (or
+    # arguments that select nothing).
     echo "error: pytest collected no tests" >&2
     exit 1
 fi
