@@ -16,6 +16,7 @@ from augmentations.base import CallContext, ToolError
 from augmentations.human import AskHuman
 from augmentations.image import ImageGen
 from augmentations.tts import Speech, wav_seconds
+from tests.waiting import wait_until
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +75,8 @@ async def test_ask_human_waits_for_the_answer() -> None:
         return await answer
 
     task = asyncio.create_task(tool.run("What time?", CallContext(extra={"ask_human": ask})))
-    await asyncio.sleep(0.05)
-    assert not task.done() and asked == ["What time?"]
+    await wait_until(lambda: asked == ["What time?"], 10, "the question to reach the human")
+    assert not task.done()
     answer.set_result("7 pm")
     assert (await task).content == "7 pm"
     with pytest.raises(ToolError, match="no human"):

@@ -9,13 +9,18 @@ import threading
 import pytest
 
 from augmentations.workers import WorkerCrashed, WorkerPool
+from tests.waiting import wait_until
 
 
 def _thread() -> threading.Thread:
     return threading.current_thread()  # the object itself: thread idents are reused once a thread ends
 
 
+STARTED = threading.Event()  # set by a _block call once it runs (the test that waits for it clears it first)
+
+
 def _block(event: threading.Event) -> str:
+    STARTED.set()
     event.wait(30)
     return "late"
 
@@ -49,8 +54,9 @@ async def test_a_hung_call_does_not_block_the_next_one() -> None:
 async def test_a_queued_call_that_is_cancelled_does_not_replace_the_worker() -> None:
     pool = WorkerPool("q")
     release = threading.Event()
+    STARTED.clear()
     running = asyncio.ensure_future(pool.run(_block, release))
-    await asyncio.sleep(0.05)
+    await wait_until(STARTED.is_set, 10, "the first call to start on the worker")
     with pytest.raises(TimeoutError):
         await asyncio.wait_for(pool.run(_thread), 0.1)  # waited behind the running call, never started
     assert pool.replaced == 0

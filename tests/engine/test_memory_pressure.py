@@ -8,7 +8,7 @@ import asyncio
 from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import TurnEnd
 from tests.conftest import TINY_KV_BLOCKS, TINY_MAX_SEQS
-from tests.engine.helpers import fresh_output
+from tests.engine.helpers import fresh_output, wait_all_free
 
 N_SESSIONS = 8  # twice the running slots
 PROMPT_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi"
@@ -87,8 +87,7 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
         assert kinds["swap_stall"].token_s > 0 and waste.swap_stall_measured_steps > start.waste.swap_stall_measured_steps
     for s in sessions:
         await s.close()
-    await asyncio.sleep(0.1)
-    counts = await engine.check_integrity()
+    counts = await wait_all_free(engine)  # the closes reach the engine core asynchronously
     assert counts.free == counts.total, counts
     after = await engine.stats()
     assert after.paused == 0 and after.running == 0
