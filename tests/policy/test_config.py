@@ -56,3 +56,31 @@ def test_auto_dtype_is_bf16_only_where_it_is_native() -> None:
     assert not cpu_has_native_bf16("flags : fpu avx2 fma")  # an AMD EPYC of this project's CI kind
     assert resolve_dtype("auto", cuda=True) == "bfloat16" and resolve_dtype("float16", cuda=False) == "float16"
     assert resolve_dtype("auto", cuda=False) == ("bfloat16" if cpu_has_native_bf16() else "float32")
+
+
+def test_a_named_file_that_is_missing_is_an_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(FileNotFoundError, match=f"config file '{missing}.yaml' not found"):
+        load_engine_config(f"{missing}.yaml")
+    with pytest.raises(FileNotFoundError, match=f"engine.profile '{missing}.json' not found"):
+        EngineConfig(profile=f"{missing}.json")
+    with pytest.raises(FileNotFoundError, match=f"engine.augmentation_priors '{missing}.yaml' not found"):
+        EngineConfig(augmentation_priors=f"{missing}.yaml")
+    # A folder is not a config file either.
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_engine_config(str(tmp_path))
+
+
+def test_profiles_measured_here_win_over_the_shipped_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine_adapter.paths import configs_dir
+    from engine_adapter.policy.profile import find_profile
+
+    monkeypatch.setenv("INFERCEPT_HOME", str(tmp_path))
+    shipped = configs_dir() / "profiles" / "default-cpu.json"
+    assert find_profile("default", "cpu")[0] == shipped
+    mine = tmp_path / "profiles" / "default-cpu.json"
+    mine.parent.mkdir()
+    mine.write_text(shipped.read_text())
+    path, searched = find_profile("/models/default", "cpu")  # a model folder is looked up by its name
+    assert path == mine and searched == [mine, shipped]
+    assert find_profile("unknown-model", "cpu")[0] is None
