@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-import gateway.state as state_mod
-from gateway.state import Gateway
+import gateway.gateway as gateway_mod
+from gateway.gateway import Gateway
 from gateway.store import StoreError
 
 
@@ -22,7 +22,7 @@ def fake_gateway(**kw: Any) -> Any:
 
 
 async def test_the_watchdog_survives_a_failed_restart_and_tries_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_mod, "WATCH_S", 0.005)
+    monkeypatch.setattr(gateway_mod, "WATCH_S", 0.005)
     attempts: list[str] = []
     engine = SimpleNamespace(dead=True, dead_reason=lambda: "EngineCore died")
 

@@ -15,7 +15,8 @@ import pytest
 
 from gateway.agent import AgentSession
 from gateway.http import ApiError
-from gateway.sessions import SessionTable
+from gateway.schemas import TokenEvent
+from gateway.session_table import SessionTable
 from gateway.store import StoredSession, StoreError
 
 MODEL = "tiny-model-path"
@@ -183,10 +184,10 @@ async def test_a_batch_the_store_cannot_commit_becomes_a_store_unavailable_error
     store, ctx = FakeStore(), fake_ctx()
     table = SessionTable(store)  # type: ignore[arg-type]
     s = await open_one(table, ctx)
-    s.state = "generating"
-    s.partial = ["Thought: "]
+    s.generating()
+    s.wrote("Thought: ")
     store.fail = True
-    s.emit("token", text="Thought: ")
+    s.emit(TokenEvent(text="Thought: "))
     batches = [b async for b in s.events()]
     assert batches == [[], [("error", {"type": "store_unavailable", "message": batches[1][0][1]["message"]})]]
     assert "disk I/O error" in batches[1][0][1]["message"]
