@@ -1,4 +1,6 @@
-"""One agent session: its state, transcript and calls, and the requests that drive it.
+"""One agent session: its state, transcript and calls, and the requests that drive it. The session is
+the only owner of its state: the loop (`gateway.react`), the table (`gateway.session_table`) and the
+routes change it through its methods, never by writing its fields.
 
 The ReAct loop (`gateway.react.MessageRun`) runs in a task of its own that outlives any one HTTP
 request: when the model calls `AskHuman` or a tool the client executes itself, the loop awaits a future
@@ -8,10 +10,10 @@ message, or `POST /tool_results`) resolves the future and reads the rest of the 
 goes away before its `done` (client disconnect) cancels the loop: the engine aborts the generation and
 frees its KV, the turn is marked interrupted, and the session stays usable for the next message.
 
-Events are `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
+Events are built from their models (`gateway.schemas.EventData`) and queued as `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
 done or error (see the README's API section). Readers get them in batches, each committed to the
 session store before it is handed over (`gateway.channel`). A session read back from the store after a
-restart (`restore`) has no loop and no engine request: its next message opens one over its exact
+restart (`AgentSession.restored`) has no loop and no engine request: its next message opens one over its exact
 context tokens (the KV is rebuilt by recompute), and a call it was waiting on is answered the same way.
 """
 
@@ -147,9 +149,9 @@ class AgentSession:
         return SessionInfo(
             id=self.id, state=self.public_state(), tools=self.tools + list(self.client_tools),
             client_tools=list(self.client_tools), created=self.created_s, context_tokens=self.es.context_tokens,
-            usage=dict(self.usage), pending_call=self.pending_call.model_copy() if self.pending_call else None,
+            usage=dict(self.usage), pending_call=self.pending_call,
             transcript=[TranscriptEntry.model_validate(e) for e in self.transcript],
-            calls=[c.model_copy() for c in self.calls], intercepts=intercepts)
+            calls=list(self.calls), intercepts=intercepts)
 
     def head(self) -> dict[str, Any]:
         """What the store keeps besides the log (`gateway.durable`)."""

@@ -157,7 +157,7 @@ class MessageRun:
         s = self.s
         event = ResumeEvent.of(call, rec, after_restart=s.take_restore_notice() and rec is None)
         if call is not None:
-            call.restored_by = event.restored_by
+            call.resumed(event.restored_by)
             s.record(call)
         s.emit(event)
 

@@ -57,6 +57,10 @@ class CallRecord(Record):
             self.aug_type, self.policy = rec.aug_type, rec.action
             self.context_tokens, self.intercept_id = rec.context_tokens, rec.intercept_id
 
+    def resumed(self, restored_by: str) -> None:
+        """How the paused context came back after the call (preserve, swap, recompute)."""
+        self.restored_by = restored_by
+
     def finished(self, content: str, error: bool, artifacts: list[str]) -> None:
         self.result, self.error, self.artifacts = content, error, artifacts
         self.duration_s = time.time() - self.started_s
