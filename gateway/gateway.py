@@ -41,7 +41,7 @@ from gateway.http import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.procs import StateLock, reap_orphans, record_engine
 from gateway.prompts import PromptBuilder
-from gateway.schemas import Health
+from gateway.schemas import Health, HealthStatus
 from gateway.session_table import EPHEMERAL_PREFIX, SessionTable
 from gateway.store import MEMORY, SqliteStore
 
@@ -257,7 +257,7 @@ class Gateway:
 
     # ------------------------------------------------------------------ admission
     def health(self) -> tuple[int, Health]:
-        def body(status: str, **error: str | None) -> Health:
+        def body(status: HealthStatus, **error: str | None) -> Health:
             return Health(status=status, model=self.engine_config.model, policy=self.engine_config.policy, **error)
 
         if self.draining:

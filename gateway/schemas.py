@@ -313,8 +313,11 @@ class MessageResult(Out):
     events: list[dict[str, Any]] = Field(description="every event but the tokens, each with its name under 'event'")
 
 
+HealthStatus = Literal["ok", "starting", "restarting", "draining", "failed"]
+
+
 class Health(Sparse):
-    status: Literal["ok", "starting", "restarting", "draining", "failed"]
+    status: HealthStatus
     model: str
     policy: str
     error: str | None = None
