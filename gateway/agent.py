@@ -1,4 +1,6 @@
-"""One agent session: its state, transcript and calls, and the requests that drive it.
+"""One agent session: its state, transcript and calls, and the requests that drive it. The session is
+the only owner of its state: the loop (`gateway.react`), the table (`gateway.session_table`) and the
+routes change it through its methods, never by writing its fields.
 
 The ReAct loop (`gateway.react.MessageRun`) runs in a task of its own that outlives any one HTTP
 request: when the model calls `AskHuman` or a tool the client executes itself, the loop awaits a future
@@ -8,10 +10,10 @@ message, or `POST /tool_results`) resolves the future and reads the rest of the 
 goes away before its `done` (client disconnect) cancels the loop: the engine aborts the generation and
 frees its KV, the turn is marked interrupted, and the session stays usable for the next message.
 
-Events are `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
+Events are built from their models (`gateway.schemas.EventData`) and queued as `(name, data)` pairs, in order: token, tool_call, intercept, tool_result, resume, ..., then
 done or error (see the README's API section). Readers get them in batches, each committed to the
 session store before it is handed over (`gateway.channel`). A session read back from the store after a
-restart (`restore`) has no loop and no engine request: its next message opens one over its exact
+restart (`AgentSession.restored`) has no loop and no engine request: its next message opens one over its exact
 context tokens (the KV is rebuilt by recompute), and a call it was waiting on is answered the same way.
 """
 
@@ -23,29 +25,21 @@ import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Coroutine, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from augmentations.base import ToolResult
-from augmentations.registry import Registry
-from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import ContextTooLong, EngineDead, EngineError
 from engine_adapter.session import Session
-from gateway.artifacts import ArtifactStore
-from gateway.calls import CallRecord
+from gateway.call_parser import ToolChoice, ToolChoiceError, choice_regex, react_step_regex
 from gateway.channel import TERMINAL, Event, EventChannel
-from gateway.config import ServerConfig
-from gateway.durable import HEAD_VERSION, Journal, hash_token
-from gateway.metrics import GatewayMetrics
-from gateway.prompts import PromptBuilder, ToolSpec
+from gateway.context import AgentContext
+from gateway.durable import FORMAT_VERSION, Folded, Journal, hash_token
+from gateway.prompts import ToolSpec
+from gateway.react import MessageRun
+from gateway.records import CallRecord, Intercept
+from gateway.schemas import ErrorEvent, EventData, SessionInfo, TranscriptEntry
 from gateway.store import SessionStore, StoreError
-from gateway.toolcalls import (
-    CallParser,
-    ToolChoice,
-    ToolChoiceError,
-    choice_regex,
-    react_step_regex,
-)
 
 log = logging.getLogger("infercept.gateway")
 
@@ -59,21 +53,6 @@ class AgentError(Exception):
     def __init__(self, status: int, kind: str, message: str, **extra: Any) -> None:
         super().__init__(message)
         self.status, self.kind, self.extra = status, kind, extra
-
-
-@dataclass(frozen=True)
-class AgentContext:
-    """What an agent session needs from the gateway: built once, when the engine is ready."""
-
-    engine: InterceptEngine
-    registry: Registry
-    limits: ServerConfig
-    metrics: GatewayMetrics
-    prompts: PromptBuilder
-    artifacts: ArtifactStore
-    calls: CallParser
-    timeouts: Mapping[str, float | None] = field(default_factory=dict)  # per executor name
-    result_limit: int = 1500  # characters of a tool result the model, the client and the store see
 
 
 @dataclass
@@ -109,6 +88,34 @@ class AgentSession:
         self._task: asyncio.Task[None] | None = None
         self.partial: list[str] = []  # what the model wrote since the last transcript entry
 
+    @classmethod
+    def restored(cls, ctx: AgentContext, es: Session, folded: Folded, token_hash: str,
+                 store: SessionStore | None) -> AgentSession:
+        """A session read back from the store (`gateway.durable.fold`), on a fresh engine session over its
+        stored context. A turn that was in progress (generating, or in a server tool) is marked
+        interrupted; a call it waited on (a human's answer, a client's result) is still pending and
+        answering it continues the turn. A server tool since removed from the config is gone."""
+        head, settings = folded.head, folded.head["settings"]
+        s = cls(ctx, es, system=settings["system"], tools=[t for t in settings["tools"] if t in ctx.registry],
+                client_tools=dict(settings["client_tools"]), max_tokens=int(settings["max_tokens"]), store=store)
+        s.token, s.token_hash = None, token_hash
+        s.created_s = float(head["created"])
+        s.last_active_s = time.monotonic() - max(0.0, time.time() - float(head["last_active"]))
+        s.transcript = list(folded.transcript)
+        s.calls = [CallRecord.model_validate(c) for c in folded.calls]
+        s.usage = dict(head["usage"])
+        s.last_end_reason = head.get("last_end_reason")
+        s.announce_restore = bool(folded.context)
+        s.partial = [folded.unreported_text] if folded.unreported_text else []
+        pending_id = head.get("pending_call_id")
+        call = next((c for c in s.calls if c.call_id == pending_id), None)
+        if call is not None:
+            s.pending = Pending(call, None)
+            s.state = "awaiting_user" if call.kind == "human" else "in_tool"
+        elif head["state"] in ("generating", "in_tool"):
+            s.interrupt("server_restart")
+        return s
+
     # ------------------------------------------------------------------ public
     def touch(self) -> None:
         self.last_active_s = time.monotonic()
@@ -137,24 +144,19 @@ class AgentSession:
         specs += [ToolSpec(name, spec.get("description") or "a tool the client runs") for name, spec in self.client_tools.items()]
         return specs
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "state": self.public_state(),
-            "tools": self.tools + list(self.client_tools),
-            "client_tools": list(self.client_tools),
-            "created": self.created_s,
-            "context_tokens": self.es.context_tokens,
-            "usage": dict(self.usage),
-            "pending_call": self.pending_call.to_dict() if self.pending_call else None,
-            "transcript": list(self.transcript),
-            "calls": [c.to_dict() for c in self.calls],
-        }
+    def info(self, intercepts: list[Intercept]) -> SessionInfo:
+        """The session as `GET /v1/sessions/{sid}` shows it, with the engine's `intercepts`."""
+        return SessionInfo(
+            id=self.id, state=self.public_state(), tools=self.tools + list(self.client_tools),
+            client_tools=list(self.client_tools), created=self.created_s, context_tokens=self.es.context_tokens,
+            usage=dict(self.usage), pending_call=self.pending_call,
+            transcript=[TranscriptEntry.model_validate(e) for e in self.transcript],
+            calls=list(self.calls), intercepts=intercepts)
 
     def head(self) -> dict[str, Any]:
         """What the store keeps besides the log (`gateway.durable`)."""
         return {
-            "v": HEAD_VERSION, "id": self.id, "created": self.created_s,
+            "v": FORMAT_VERSION, "id": self.id, "created": self.created_s,
             "last_active": time.time() - (time.monotonic() - self.last_active_s),
             "model": self.ctx.engine.model_path,
             "settings": {"system": self.system, "tools": self.tools, "client_tools": self.client_tools,
@@ -199,8 +201,6 @@ class AgentSession:
         """Start the loop on these tokens (a message's, or a whole prompt the OpenAI route rendered).
         `tool_choice` constrains the first model turn; `step_format` "react" constrains every turn to one
         ReAct step (structured outputs)."""
-        from gateway.react import MessageRun
-
         if self.state != "idle" or self.pending is not None:
             raise AgentError(409, "session_busy", f"the session is {self.public_state()}")
         try:
@@ -237,7 +237,7 @@ class AgentSession:
         await self._cancel_loop()
         self.pending = None
         # A response still reading this session's events ends with this.
-        self.emit("error", type="session_closed", message="the session was closed")
+        self.emit(ErrorEvent(type="session_closed", message="the session was closed"))
         await self.es.close()
         for name in self.tools:
             end = getattr(self.ctx.registry.get(name), "end_session", None)
@@ -261,16 +261,18 @@ class AgentSession:
             self.pending.future = None
         with contextlib.suppress(Exception):
             await self.commit()
-        self.emit("error", type=kind, message=message)
+        self.emit(ErrorEvent(type=kind, message=message))
         self.state = "closed"
         await self.es.close()
 
-    # ------------------------------------------------------------------ what the loop calls
-    def emit(self, name: str, **data: Any) -> None:
-        self.channel.emit(name, data)
+    # ------------------------------------------------------------------ what the loop calls (gateway.react.Host)
+    def emit(self, event: EventData) -> None:
+        """An event for the reader: its model's dump, taken now (the records it names may change later)."""
+        self.channel.emit(event.name, event.model_dump(mode="json"))
 
-    def note(self, entry: dict[str, Any]) -> None:
+    def note(self, entry: Mapping[str, Any]) -> None:
         """A transcript entry (kept, and journaled for the store)."""
+        entry = dict(entry)
         self.transcript.append(entry)
         self.journal.entry(entry)
         self.partial.clear()
@@ -282,7 +284,40 @@ class AgentSession:
 
     def record(self, call: CallRecord) -> None:
         """A call record changed (journaled whole)."""
-        self.journal.call(call.to_dict())
+        self.journal.call(call.dump())
+
+    def add_call(self, call: CallRecord) -> None:
+        """A new call of the running message (journaled by `record` once its intercept is known)."""
+        self.calls.append(call)
+
+    def generating(self) -> None:
+        self.state = "generating"
+
+    def running_tool(self) -> None:
+        """A server tool runs for the turn."""
+        self.state = "in_tool"
+
+    def turn_ended(self, reason: str) -> None:
+        self.last_end_reason = reason
+
+    def take_restore_notice(self) -> bool:
+        """Whether the context came back after a restart (reported once, by the next resume)."""
+        notice, self.announce_restore = self.announce_restore, False
+        return notice
+
+    def wait_for_outside(self, call: CallRecord) -> asyncio.Future[str]:
+        """The turn waits for a human's answer or a client's result: the future the answer resolves."""
+        fut: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self.pending = Pending(call, fut)
+        self.state = "awaiting_user" if call.kind == "human" else "in_tool"
+        return fut
+
+    def message_done(self, entry: Mapping[str, Any], prompt_tokens: int, completion_tokens: int) -> None:
+        """The message's last model turn ended: its reply entry, its token counts; waiting for the user."""
+        self.note(entry)
+        self.usage["prompt_tokens"] += prompt_tokens
+        self.usage["completion_tokens"] += completion_tokens
+        self.state = "idle"
 
     def interrupt(self, reason: str) -> None:
         """Mark the turn in progress interrupted: the model's text since the last entry, a running server call."""
@@ -295,8 +330,6 @@ class AgentSession:
 
     def launch_after(self, call: CallRecord, result: ToolResult) -> None:
         """Start a loop that continues after `call` with its result (a restored session's pending call)."""
-        from gateway.react import MessageRun
-
         self._launch(MessageRun(self, 0).run([], None, None, answered=(call, result)))
 
     # ------------------------------------------------------------------ plumbing
@@ -311,22 +344,22 @@ class AgentSession:
             raise
         except ContextTooLong as e:
             self.state = "idle"
-            self.emit("error", type="context_too_long", message=str(e), tokens=e.tokens, limit=e.limit)
+            self.emit(ErrorEvent(type="context_too_long", message=str(e), tokens=e.tokens, limit=e.limit))
         except EngineDead as e:
             self.interrupt("engine_died")
-            self.emit("error", type="engine_died", message=f"{e}; the server is restarting it, resend the message")
+            self.emit(ErrorEvent(type="engine_died", message=f"{e}; the server is restarting it, resend the message"))
         except EngineError as e:
             self.state = "idle"
-            self.emit("error", type="engine_error", message=str(e))
+            self.emit(ErrorEvent(type="engine_error", message=str(e)))
         except Exception as e:  # never a dead session: report, and wait for the next message
             if self.ctx.engine.dead:
                 self.interrupt("engine_died")
-                self.emit("error", type="engine_died", message=f"the engine died ({type(e).__name__}); the server is "
-                          "restarting it, resend the message")
+                self.emit(ErrorEvent(type="engine_died", message=f"the engine died ({type(e).__name__}); the server "
+                                     "is restarting it, resend the message"))
                 return
             log.exception("agent loop failed in session %s", self.id)
             self.state = "idle"
-            self.emit("error", type="internal_error", message=f"{type(e).__name__}: {e}")
+            self.emit(ErrorEvent(type="internal_error", message=f"{type(e).__name__}: {e}"))
 
     def _answer(self, pending: Pending, content: str) -> None:
         self.pending = None
@@ -388,8 +421,9 @@ def store_failed(sid: str, e: StoreError) -> list[Event]:
     """The batch a reader gets instead of one the store could not commit (a client must never see what a
     crash could take back): the turn was interrupted, the session is kept."""
     log.error("session %s: the store failed to commit (%s); the turn is interrupted", sid, e)
-    return [("error", {"type": "store_unavailable", "message": f"the session store failed ({e}); the turn was "
-                       "interrupted and the session kept: resend the message shortly"})]
+    error = ErrorEvent(type="store_unavailable", message=f"the session store failed ({e}); the turn was interrupted "
+                       "and the session kept: resend the message shortly")
+    return [(error.name, error.model_dump(mode="json"))]
 
 
 __all__ = ["AgentContext", "AgentError", "AgentSession", "Event", "Pending"]

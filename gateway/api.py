@@ -93,7 +93,11 @@ def _ref(model: type[BaseModel]) -> dict[str, str]:
 
 def _events_schema(events: Mapping[str, type[BaseModel] | str], named: bool = True) -> dict[str, Any]:
     def data(model: type[BaseModel] | str) -> dict[str, Any]:
-        return {"const": model} if isinstance(model, str) else _ref(model)
+        # A `data:` line is text: a constant, or JSON whose content the model describes (JSON Schema's
+        # contentMediaType/contentSchema, which SSE validators such as schemathesis' check).
+        if isinstance(model, str):
+            return {"const": model}
+        return {"type": "string", "contentMediaType": "application/json", "contentSchema": _ref(model)}
 
     if not named:
         return {

@@ -9,9 +9,16 @@ log rows as it changes:
     {"k": "ids", "ids"}  context token ids the engine session appended (prompt, observations, samples)
 
 `Journal` collects them between commits; a commit writes them with the head in one transaction, and the
-session commits before a batch of its events reaches the client (`AgentSession.batches`). `fold` turns
+session commits before a batch of its events reaches the client (`AgentSession.events`). `fold` turns
 the head and the log back into what a restart needs: the same transcript, the same call records and
 exactly the same context tokens (not a re-tokenization of the text).
+
+The format is versioned: every head carries `"v": FORMAT_VERSION`, and a restore reads only the versions
+in `READABLE` (`check_format`; anything else is refused with an error naming the version found and the
+ones this server reads, and the row is left stored). A call row is a `gateway.records.CallRecord` dump,
+validated when it is read back (a field the record does not have is an error, not silently dropped).
+Change a row's or the head's shape and you bump FORMAT_VERSION and add a migration here; the database
+that tests/gateway/test_stored_format.py restores was written by format 1 and must keep restoring.
 """
 
 from __future__ import annotations
@@ -27,7 +34,21 @@ from engine_adapter.session import Session
 from gateway.store import SessionStore
 
 log = logging.getLogger("infercept.gateway")
-HEAD_VERSION = 1
+FORMAT_VERSION = 1  # the head's "v"
+READABLE = (1,)  # the stored formats a restore reads
+
+
+class StoredFormatError(ValueError):
+    """A stored session in a format this server does not read."""
+
+
+def check_format(head: Mapping[str, Any]) -> None:
+    """Raise `StoredFormatError` unless `head` is in a format this server reads."""
+    found = head.get("v")
+    if found not in READABLE:
+        readable = ", ".join(str(v) for v in READABLE)
+        raise StoredFormatError(f"session {head.get('id')!r} is stored in format {found!r}; this server reads "
+                                f"format {readable} (a newer server wrote it, or the row is damaged): left stored")
 
 
 def hash_token(token: str) -> str:
@@ -116,4 +137,5 @@ def fold(head: Mapping[str, Any], events: list[dict[str, Any]]) -> Folded:
     return out
 
 
-__all__ = ["HEAD_VERSION", "Folded", "Journal", "fold", "hash_token", "token_matches"]
+__all__ = ["FORMAT_VERSION", "READABLE", "Folded", "Journal", "StoredFormatError", "check_format", "fold", "hash_token",
+           "token_matches"]

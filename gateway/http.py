@@ -7,6 +7,9 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aiohttp import web
+from pydantic import BaseModel
+
+from gateway.schemas import ErrorBody, ErrorDetail
 
 
 class ApiError(Exception):
@@ -15,10 +18,20 @@ class ApiError(Exception):
         self.status, self.kind, self.extra = status, kind, extra
 
 
+def json_body(model: BaseModel, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    """A response whose body is `model`'s dump: what the route's documented model says, nothing else."""
+    return web.json_response(model.model_dump(mode="json"), status=status, headers=headers)
+
+
+def error_body(kind: str, message: str, **extra: Any) -> ErrorBody:
+    """`{"error": {"type", "message", ...}}`: the extras are `ErrorDetail`'s optional fields."""
+    return ErrorBody(error=ErrorDetail(type=kind, message=message, **extra))
+
+
 def error_response(status: int, kind: str, message: str, **extra: Any) -> web.Response:
-    """`{"error": {"type", "message", ...}}`; a `retry_after` (seconds) also goes out as `Retry-After`."""
+    """An `error_body` response; a `retry_after` (seconds) also goes out as `Retry-After`."""
     headers = {"Retry-After": str(extra["retry_after"])} if extra.get("retry_after") is not None else None
-    return web.json_response({"error": {"type": kind, "message": message, **extra}}, status=status, headers=headers)
+    return json_body(error_body(kind, message, **extra), status=status, headers=headers)
 
 
 async def read_json(request: web.Request) -> dict[str, Any]:

@@ -9,10 +9,10 @@ from aiohttp import web
 
 from engine_adapter.engine import sum_integrity
 from gateway.api import Api
-from gateway.app import gw_of
-from gateway.http import ApiError
+from gateway.gateway import gw_of
+from gateway.http import ApiError, json_body
 from gateway.metrics import CONTENT_TYPE
-from gateway.schemas import Health, Stats, ToolList
+from gateway.schemas import Health, RankStats, Stats, ToolInfo, ToolList
 
 api = Api("admin")
 routes = api.routes
@@ -24,18 +24,18 @@ async def healthz(request: web.Request) -> web.Response:
     """503 while the engine starts or restarts (with the reason), while draining for shutdown, or if it
     failed to start."""
     status, body = gw_of(request).health()
-    headers = {"Retry-After": "5"} if status == 503 and body["status"] != "failed" else None
-    return web.json_response(body, status=status, headers=headers)
+    headers = {"Retry-After": "5"} if status == 503 and body.status != "failed" else None
+    return json_body(body, status=status, headers=headers)
 
 
 @api.route("GET", "/v1/tools", "The server's tools", ok={200: ToolList})
 async def list_tools(request: web.Request) -> web.Response:
     gw = gw_of(request)
     hints = gw.registry.hints()
-    return web.json_response({"tools": [
-        {"name": ex.name, "type": ex.aug_type, "description": ex.description, "expected_s": hints[ex.name].expected_s,
-         "timeout_s": gw.timeouts.get(ex.name) or gw.config.server.tool_timeout_s}
-        for ex in (gw.registry.get(n) for n in gw.registry.names())]})
+    return json_body(ToolList(tools=[
+        ToolInfo(name=ex.name, type=ex.aug_type, description=ex.description, expected_s=hints[ex.name].expected_s,
+                 timeout_s=gw.timeouts.get(ex.name) or gw.config.server.tool_timeout_s)
+        for ex in (gw.registry.get(n) for n in gw.registry.names())]))
 
 
 @api.route("GET", "/v1/artifacts/{aid}", "An image or audio file a tool made", ok={200: "application/octet-stream"}, errors=(404,))
@@ -75,13 +75,13 @@ async def engine_stats(request: web.Request) -> web.Response:
     checks = await gw.engine.integrity_by_rank()
     integrity = sum_integrity(checks)
     pinned = gw.engine.sessions_per_rank()
-    return web.json_response({
-        "blocks": dataclasses.asdict(stats.blocks), "block_size": stats.block_size, "policy": stats.policy,
-        "totals": dataclasses.asdict(stats.totals), "waste": dataclasses.asdict(stats.waste), "paused": stats.paused,
-        "running": stats.running, "waiting": stats.waiting, "sessions": len(gw.sessions),
-        "turns_in_progress": gw.table.busy_count(), "integrity": dataclasses.asdict(integrity),
-        "store": {"path": gw.store.path, "commits": gw.store.commits, "writes": gw.store.writes},
-        "ranks": [{"rank": r, "sessions": pinned[r], "blocks": dataclasses.asdict(st.blocks), "paused": st.paused,
-                   "running": st.running, "waiting": st.waiting, "integrity": dataclasses.asdict(checks[r])}
-                  for r, st in enumerate(ranks)],
-    })
+    return json_body(Stats(
+        blocks=dataclasses.asdict(stats.blocks), block_size=stats.block_size, policy=stats.policy,
+        totals=dataclasses.asdict(stats.totals), waste=dataclasses.asdict(stats.waste), paused=stats.paused,
+        running=stats.running, waiting=stats.waiting, sessions=len(gw.sessions),
+        turns_in_progress=gw.table.busy_count(), integrity=dataclasses.asdict(integrity),
+        store={"path": gw.store.path, "commits": gw.store.commits, "writes": gw.store.writes},
+        ranks=[RankStats(rank=r, sessions=pinned[r], blocks=dataclasses.asdict(st.blocks), paused=st.paused,
+                         running=st.running, waiting=st.waiting, integrity=dataclasses.asdict(checks[r]))
+               for r, st in enumerate(ranks)],
+    ))

@@ -23,11 +23,12 @@ from aiohttp import web
 
 from gateway.agent import AgentError, AgentSession
 from gateway.api import Api
-from gateway.app import gw_of
-from gateway.calls import intercept_json
+from gateway.call_parser import ToolChoice, json_args_to_text
 from gateway.channel import Event
-from gateway.http import SSE, ApiError, error_response, error_status, read_json
+from gateway.gateway import Gateway, gw_of
+from gateway.http import SSE, ApiError, error_body, error_response, error_status, json_body, read_json
 from gateway.prompts import PromptBuilder, ToolSpec
+from gateway.records import Intercept
 from gateway.schemas import ErrorBody
 from gateway.schemas_openai import (
     AssistantMessage,
@@ -35,13 +36,16 @@ from gateway.schemas_openai import (
     ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
+    Choice,
+    ChoiceMessage,
+    CompletionExtras,
+    CompletionUsage,
+    ModelInfo,
     ModelList,
     NamedToolChoice,
     ToolDef,
     ToolMessage,
 )
-from gateway.state import Gateway
-from gateway.toolcalls import ToolChoice, json_args_to_text
 from gateway.validation import invalid, validate
 
 api = Api("openai")
@@ -58,9 +62,9 @@ def served_names(gw: Gateway) -> list[str]:
 @api.route("GET", "/v1/models", "The served model (OpenAI's list)", ok={200: ModelList})
 async def list_models(request: web.Request) -> web.Response:
     gw = gw_of(request)
-    return web.json_response({"object": "list", "data": [
-        {"id": served_names(gw)[0], "object": "model", "created": int(time.time()), "owned_by": "infercept",
-         "max_model_len": gw.engine_config.max_model_len}]})
+    return json_body(ModelList(object="list", data=[
+        ModelInfo(id=served_names(gw)[0], object="model", created=int(time.time()), owned_by="infercept",
+                  max_model_len=gw.engine_config.max_model_len)]))
 
 
 def split_tools(gw: Gateway, tools: Sequence[ToolDef]) -> tuple[list[str], dict[str, dict[str, Any]]]:
@@ -221,16 +225,15 @@ async def _complete(gw: Gateway, s: AgentSession) -> web.Response:
     text = "".join(parts)
     message, reason, _ = _finish(gw, s, text, last)
     usage = last.get("usage") or {"prompt_tokens": s.usage["prompt_tokens"], "completion_tokens": s.usage["completion_tokens"]}
-    intercepts = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
+    intercepts = [Intercept.of(r) for r in await gw.engine.intercepts(s.id)]
     gw.metrics.messages.labels("chat_completions", "ok").inc()
-    return web.json_response({
+    prompt, completion = usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)
+    return json_body(ChatCompletion(
         **_base(s, gw, "chat.completion"),
-        "choices": [{"index": 0, "message": message, "finish_reason": reason, "logprobs": None}],
-        "usage": {"prompt_tokens": usage.get("prompt_tokens", 0), "completion_tokens": usage.get("completion_tokens", 0),
-                  "total_tokens": usage.get("prompt_tokens", 0) + usage.get("completion_tokens", 0)},
-        "infercept": {"reply": last.get("reply"), "intercepts": intercepts,
-                      "calls": [c.to_dict() for c in s.calls]},
-    })
+        choices=[Choice(index=0, message=ChoiceMessage(**message), finish_reason=reason, logprobs=None)],
+        usage=CompletionUsage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion),
+        infercept=CompletionExtras(reply=last.get("reply"), intercepts=intercepts, calls=list(s.calls)),
+    ))
 
 
 async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.StreamResponse:
@@ -238,8 +241,12 @@ async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.Str
     await sse.open()
     base = _base(s, gw, "chat.completion.chunk")
 
+    async def send(chunk: ChatCompletionChunk) -> None:
+        await sse.send(None, chunk.model_dump(mode="json"))
+
     async def chunk(delta: dict[str, Any], reason: str | None = None, **extra: Any) -> None:
-        await sse.send(None, {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}], **extra})
+        await send(ChatCompletionChunk(**base, choices=[{"index": 0, "delta": delta, "finish_reason": reason, "logprobs": None}],
+                                       **extra))
 
     await chunk({"role": "assistant", "content": ""})
     parts: list[str] = []
@@ -256,9 +263,9 @@ async def _stream(request: web.Request, gw: Gateway, s: AgentSession) -> web.Str
                 await chunk({"content": text})
             elif name in ("intercept", "resume", "tool_call"):
                 # An extension event (ignored by OpenAI clients): what the engine did with the call.
-                await sse.send(None, {**base, "choices": [], "infercept": {"event": name, **data}})
+                await send(ChatCompletionChunk(**base, choices=[], infercept={"event": name, **data}))
             elif name == "error":
-                await sse.send(None, {"error": {"type": data.get("type"), "message": data.get("message")}})
+                await sse.send(None, error_body(data["type"], data["message"]).model_dump(mode="json"))
                 await sse.send(None, "[DONE]")
                 return await sse.close()
             elif name == "done":

@@ -11,9 +11,10 @@ from aiohttp import web
 from augmentations.registry import find_tool
 from gateway.agent import AgentError, AgentSession, Event
 from gateway.api import Api
-from gateway.app import gw_of
-from gateway.calls import intercept_json
-from gateway.http import ApiError, error_response, error_status, stream_batches
+from gateway.call_parser import ToolChoice
+from gateway.gateway import Gateway, gw_of
+from gateway.http import ApiError, error_response, error_status, json_body, stream_batches
+from gateway.records import Intercept
 from gateway.schemas import (
     EVENTS,
     ClientTool,
@@ -25,8 +26,6 @@ from gateway.schemas import (
     SessionCreated,
     SessionInfo,
 )
-from gateway.state import Gateway
-from gateway.toolcalls import ToolChoice
 from gateway.validation import parse
 
 api = Api("sessions")
@@ -87,9 +86,9 @@ async def respond(request: web.Request, gw: Gateway, start: Callable[[], AsyncIt
         gw.metrics.messages.labels(route, "error").inc()
         return error_response(error_status(last), last.get("type", "error"), last.get("message", ""), events=out)
     gw.metrics.messages.labels(route, "ok").inc()
-    return web.json_response({"reply": last.get("reply"), "state": last.get("state"), "finish_reason": last.get("finish_reason"),
-                              "usage": last.get("usage"), "pending_call": last.get("pending_call"),
-                              "text": "".join(d["text"] for n, d in collected if n == "token"), "events": out})
+    return json_body(MessageResult(reply=last.get("reply"), state=last.get("state"), finish_reason=last.get("finish_reason"),
+                                   usage=last.get("usage"), pending_call=last.get("pending_call"),
+                                   text="".join(d["text"] for n, d in collected if n == "token"), events=out))
 
 
 _SESSION = {"path.sid": "$response.body#/id", "header.X-Session-Token": "$response.body#/token"}
@@ -115,15 +114,16 @@ async def create_session(request: web.Request) -> web.Response:
     s = await gw.open_session(system=body.system, tools=tools, client_tools=client_tools,
                               max_tokens=body.max_tokens or gw.config.server.max_tokens,
                               temperature=body.temperature, seed=body.seed)
-    return web.json_response({"id": s.id, "token": s.token, "tools": s.tools, "client_tools": list(s.client_tools),
-                              "state": s.public_state()}, status=201)
+    assert s.token is not None  # a new session's token, shown this once
+    return json_body(SessionCreated(id=s.id, token=s.token, tools=s.tools, client_tools=list(s.client_tools),
+                                    state=s.public_state()), status=201)
 
 
 @api.route("GET", "/v1/sessions", "Count the open sessions by state", ok={200: SessionCounts})
 async def list_sessions(request: web.Request) -> web.Response:
     """Counts only: reading or driving a session needs its token."""
     states = gw_of(request).session_states()
-    return web.json_response({"sessions": len(states), "by_state": {st: states.count(st) for st in set(states)}})
+    return json_body(SessionCounts(sessions=len(states), by_state={st: states.count(st) for st in set(states)}))
 
 
 @api.route("GET", "/v1/sessions/{sid}", "Read a session: state, transcript, calls, intercepts", ok={200: SessionInfo},
@@ -132,16 +132,15 @@ async def get_session(request: web.Request) -> web.Response:
     gw = gw_of(request)
     s = session_of(request)
     s.touch()
-    desc = s.describe()
     # The engine's records are the authority on what became of each pause (a policy may have
     # swapped or freed a paused context since it paused).
     try:
-        desc["intercepts"] = [intercept_json(r) for r in await gw.engine.intercepts(s.id)]
+        intercepts = [Intercept.of(r) for r in await gw.engine.intercepts(s.id)]
     except Exception:  # the engine died under the call: the session itself is still what it was
         if not gw.engine.dead:
             raise
-        desc["intercepts"] = []
-    return web.json_response(desc)
+        intercepts = []
+    return json_body(s.info(intercepts))
 
 
 @api.route("DELETE", "/v1/sessions/{sid}", "End a session and free its KV", ok={204: None}, errors=SESSION_ERRORS, session=True)

@@ -1,14 +1,43 @@
 """The session API's bodies as pydantic models: requests (validated, strict), responses and the SSE
-events (documented in `/openapi.json`; the tests check real responses against them). The OpenAI routes'
-models are in `gateway.schemas_openai`."""
+events. The handlers build every response and event from these models and send their dump, so
+`/openapi.json` documents what is sent (a field a model does not name cannot be sent). The tool-call and
+intercept records are `gateway.records`; the OpenAI routes' models are in `gateway.schemas_openai`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, WrapValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    model_serializer,
+)
+from pydantic_core import PydanticCustomError
 
-from gateway.validation import one_message
+from engine_adapter.intercept.records import InterceptRecord
+from gateway.records import CallRecord, Intercept, Record
+
+
+def one_message(message: str) -> Callable[[Any, ValidatorFunctionWrapHandler], Any]:
+    """A wrap validator that reports any failure of a union field as one precise message (instead of
+    one error per union member)."""
+
+    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("value_error", message) from None
+
+    return check
+
 
 TOOL_NAME = r"^[A-Za-z][A-Za-z0-9_-]*$"
 
@@ -19,10 +48,20 @@ class Body(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Out(BaseModel):
-    """A response body (new fields may be added)."""
+class Out(Record):
+    """A response body or an event's data: built by the handlers from this model and dumped
+    (`model_dump(mode="json")`), so the schema in `/openapi.json` is what is sent. Unknown fields are
+    errors, on the server's side too: a handler cannot send a field the document does not name."""
 
-    model_config = ConfigDict(extra="allow")
+
+class Sparse(Out):
+    """An `Out` whose optional fields are sent only when they were given (a transcript entry has the
+    keys of its kind of entry; an event has its extras only when they apply)."""
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data = handler(self)
+        return {k: v for k, v in data.items() if k in self.model_fields_set}
 
 
 # ---------------------------------------------------------------------- requests
@@ -94,24 +133,7 @@ class Usage(Out):
     context_tokens: int | None = None
 
 
-class CallInfo(Out):
-    call_id: str
-    tool: str
-    arguments: str
-    kind: Literal["server", "human", "client", "unknown"]
-    aug_type: str | None = None
-    policy: str | None = None
-    context_tokens: int | None = None
-    started_s: float
-    duration_s: float | None = None
-    result: str | None = None
-    error: bool = False
-    artifacts: list[str] = Field(default_factory=list)
-    restored_by: str | None = None
-    intercept_id: int | None = None
-
-
-class TranscriptEntry(Out):
+class TranscriptEntry(Sparse):
     role: Literal["user", "assistant", "tool"]
     content: str
     call_id: str | None = None
@@ -122,37 +144,32 @@ class TranscriptEntry(Out):
     reason: str | None = None
 
 
-class InterceptInfo(Out):
-    intercept_id: int
-    type: str
-    tool: str | None = None
-    trigger: str | None = None
-    policy: str | None = None
-    engine_policy: str | None = None
-    kv_fate: str | None = None
-    context_tokens: int
-    expected_duration_s: float | None = None
-    duration_s: float | None = None
-    restored_by: str | None = None
-    tokens_preserved: int | None = None
-    tokens_swapped: int | None = None
-    tokens_recomputed: int | None = None
-    tokens_prefix_hit: int | None = None
-
-
 # ---------------------------------------------------------------------- SSE events
-class TokenEvent(Out):
+class EventData(Sparse):
+    """The data of one SSE event; `name` is its `event:` line."""
+
+    name: ClassVar[str]
+
+
+class TokenEvent(EventData):
+    name = "token"
     text: str
 
 
-class ToolCallEvent(Out):
+class ToolCallEvent(EventData):
+    name = "tool_call"
     call_id: str
     tool: str
     arguments: str
     executor: Literal["server", "human", "client", "unknown"]
 
+    @classmethod
+    def of(cls, call: CallRecord) -> ToolCallEvent:
+        return cls(call_id=call.call_id, tool=call.tool, arguments=call.arguments, executor=call.kind)
 
-class InterceptEvent(Out):
+
+class InterceptEvent(EventData):
+    name = "intercept"
     call_id: str
     tool: str
     type: str | None
@@ -161,8 +178,16 @@ class InterceptEvent(Out):
     context_tokens: int | None
     expected_duration_s: float | None
 
+    @classmethod
+    def of(cls, call: CallRecord, rec: InterceptRecord | None) -> InterceptEvent:
+        """A call's pause, as its record keeps it (`CallRecord.paused`), with the engine's policy."""
+        return cls(call_id=call.call_id, tool=call.tool, type=call.aug_type, policy=call.policy,
+                   engine_policy=rec.policy if rec else None, context_tokens=call.context_tokens,
+                   expected_duration_s=rec.expected_duration_s if rec else None)
 
-class ToolResultEvent(Out):
+
+class ToolResultEvent(EventData):
+    name = "tool_result"
     call_id: str
     tool: str
     content: str
@@ -170,8 +195,15 @@ class ToolResultEvent(Out):
     artifacts: list[str]
     duration_s: float
 
+    @classmethod
+    def of(cls, call: CallRecord) -> ToolResultEvent:
+        """A finished call (`CallRecord.finished`)."""
+        return cls(call_id=call.call_id, tool=call.tool, content=call.result or "", error=call.error,
+                   artifacts=list(call.artifacts), duration_s=round(call.duration_s or 0.0, 4))
 
-class ResumeEvent(Out):
+
+class ResumeEvent(EventData):
+    name = "resume"
     call_id: str | None
     tool: str | None
     restored_by: str = Field(description="preserve | swap | recompute (recompute after a disconnect or a restart)")
@@ -181,36 +213,63 @@ class ResumeEvent(Out):
     tokens_swapped_in: int | None
     after: Literal["restart"] | None = Field(None, description="the context was rebuilt after a restart")
 
+    @classmethod
+    def of(cls, call: CallRecord | None, rec: InterceptRecord | None, after_restart: bool = False) -> ResumeEvent:
+        """How the paused context came back. Without a record the engine request was opened anew (after an
+        abort or a restart), which recomputes the whole context."""
+        restored = rec.restored_by.value if rec is not None and rec.restored_by is not None else "recompute"
+        ev = cls(call_id=call.call_id if call else None, tool=call.tool if call else None, restored_by=restored,
+                 policy=rec.action if rec else None, kv_fate=rec.kv_fate.value if rec else None,
+                 tokens_recomputed=rec.tokens_recomputed if rec else None,
+                 tokens_swapped_in=rec.tokens_swapped_in if rec else None)
+        if after_restart:
+            ev.after = "restart"
+        return ev
 
-class RepromptEvent(Out):
+
+class RepromptEvent(EventData):
+    name = "reprompt"
     text: str
 
 
-class DoneEvent(Out):
+class DoneEvent(EventData):
+    name = "done"
     reply: str | None
     finish_reason: str = Field(description="stop | length | tool_calls (a client tool is due) | ask_human")
     state: Literal["awaiting_user", "in_tool"]
     usage: Usage | None
-    pending_call: CallInfo | None = None
+    pending_call: CallRecord | None = None
     reprompts: int | None = None
 
 
-class ErrorEvent(Out):
-    type: str = Field(description="context_too_long | engine_error | engine_died | internal_error | session_closed | shutting_down | client_disconnected")
+class ErrorEvent(EventData):
+    name = "error"
+    type: str = Field(description="context_too_long | engine_error | engine_died | internal_error | session_closed | "
+                                  "shutting_down | client_disconnected | store_unavailable")
     message: str
+    tokens: int | None = Field(None, description="context_too_long: the context's tokens")
+    limit: int | None = Field(None, description="context_too_long: the model's context length")
 
 
-EVENTS: dict[str, type[Out]] = {
-    "token": TokenEvent, "tool_call": ToolCallEvent, "intercept": InterceptEvent, "tool_result": ToolResultEvent,
-    "resume": ResumeEvent, "reprompt": RepromptEvent, "done": DoneEvent, "error": ErrorEvent,
-}
+EVENTS: dict[str, type[EventData]] = {m.name: m for m in (
+    TokenEvent, ToolCallEvent, InterceptEvent, ToolResultEvent, ResumeEvent, RepromptEvent, DoneEvent, ErrorEvent)}
 
 
 # ---------------------------------------------------------------------- responses
-class ErrorDetail(Out):
+class FieldProblem(Out):
+    field: str
+    message: str
+
+
+class ErrorDetail(Sparse):
     type: str
     message: str
     retry_after: int | None = Field(None, description="seconds; also the Retry-After header")
+    errors: list[FieldProblem] | None = Field(None, description="invalid_request: every problem, by field")
+    call_id: str | None = Field(None, description="awaiting_tool_result: the call the session waits for")
+    tokens: int | None = Field(None, description="context_too_long: the context's tokens")
+    limit: int | None = Field(None, description="context_too_long: the model's context length")
+    events: list[dict[str, Any]] | None = Field(None, description="a turn that failed (`stream: false`): its events")
 
 
 class ErrorBody(Out):
@@ -238,10 +297,10 @@ class SessionInfo(Out):
     created: float
     context_tokens: int
     usage: dict[str, int]
-    pending_call: CallInfo | None
+    pending_call: CallRecord | None
     transcript: list[TranscriptEntry]
-    calls: list[CallInfo]
-    intercepts: list[InterceptInfo]
+    calls: list[CallRecord]
+    intercepts: list[Intercept]
 
 
 class MessageResult(Out):
@@ -249,13 +308,16 @@ class MessageResult(Out):
     state: str | None
     finish_reason: str | None
     usage: Usage | None
-    pending_call: CallInfo | None
+    pending_call: CallRecord | None
     text: str
     events: list[dict[str, Any]] = Field(description="every event but the tokens, each with its name under 'event'")
 
 
-class Health(Out):
-    status: Literal["ok", "starting", "restarting", "draining", "failed"]
+HealthStatus = Literal["ok", "starting", "restarting", "draining", "failed"]
+
+
+class Health(Sparse):
+    status: HealthStatus
     model: str
     policy: str
     error: str | None = None
@@ -296,5 +358,6 @@ class Stats(Out):
     waiting: int
     sessions: int
     turns_in_progress: int
+    integrity: dict[str, int] = Field(description="KV block counts over the ranks (free + running + preserved == total)")
     store: dict[str, Any]
     ranks: list[RankStats]  # one per data-parallel rank (the fields above sum over them)

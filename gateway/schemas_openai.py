@@ -9,8 +9,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, WrapValidator
 
-from gateway.schemas import Out
-from gateway.validation import one_message
+from gateway.records import CallRecord, Intercept
+from gateway.schemas import Out, Sparse, Usage, one_message
 
 
 class Part(BaseModel):
@@ -211,7 +211,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 # ---------------------------------------------------------------------- responses
-class ChoiceMessage(Out):
+class ChoiceMessage(Sparse):
     role: Literal["assistant"]
     content: str | None
     tool_calls: list[dict[str, Any]] | None = None
@@ -230,6 +230,14 @@ class CompletionUsage(Out):
     total_tokens: int
 
 
+class CompletionExtras(Out):
+    """What infercept adds to a completion: the final answer alone, and what the engine did at each call."""
+
+    reply: str | None
+    intercepts: list[Intercept]
+    calls: list[CallRecord]
+
+
 class ChatCompletion(Out):
     id: str
     object: Literal["chat.completion"]
@@ -237,15 +245,16 @@ class ChatCompletion(Out):
     model: str
     choices: list[Choice]
     usage: CompletionUsage
-    infercept: dict[str, Any] = Field(description="the final answer alone (reply), each intercept and call record")
+    infercept: CompletionExtras = Field(description="the final answer alone (reply), each intercept and call record")
 
 
-class ChatCompletionChunk(Out):
+class ChatCompletionChunk(Sparse):
     id: str
     object: Literal["chat.completion.chunk"]
     created: int
     model: str
     choices: list[dict[str, Any]]
+    usage: Usage | None = Field(None, description="the last chunk: the turn's token counts")
     infercept: dict[str, Any] | None = Field(None, description="an extension event (tool_call, intercept, resume)")
 
 

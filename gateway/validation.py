@@ -8,12 +8,11 @@ boolean, `true` not an integer). Every problem is named by its field path as a c
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import BaseModel, ValidationError, ValidatorFunctionWrapHandler
-from pydantic_core import PydanticCustomError
+from pydantic import BaseModel, ValidationError
 
 from gateway.http import ApiError, read_json
 
@@ -101,17 +100,4 @@ async def parse(request: web.Request, model: type[M]) -> M:
     return validate(model, body)
 
 
-def one_message(message: str) -> Callable[[Any, ValidatorFunctionWrapHandler], Any]:
-    """A wrap validator that reports any failure of a union field as one precise message (instead of
-    one error per union member)."""
-
-    def check(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
-        try:
-            return handler(value)
-        except ValidationError:
-            raise PydanticCustomError("value_error", message) from None
-
-    return check
-
-
-__all__ = ["errors_of", "field_path", "invalid", "one_message", "parse", "validate"]
+__all__ = ["errors_of", "field_path", "invalid", "parse", "validate"]

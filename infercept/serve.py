@@ -53,7 +53,7 @@ async def serve(args: argparse.Namespace) -> int:
     from engine_adapter.config import load_engine_config
     from gateway.app import create_app
     from gateway.config import load_gateway_config
-    from gateway.state import Gateway
+    from gateway.gateway import Gateway
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("infercept").setLevel(logging.INFO)
@@ -65,15 +65,15 @@ async def serve(args: argparse.Namespace) -> int:
                                state_path=args.state_path)
     server = gcfg.server
     _raise_open_files_limit()
-    try:
-        gw = Gateway(cfg, gcfg)
-    except RuntimeError as e:  # the state folder is in use, or the store cannot open
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    gw = Gateway(cfg, gcfg)
     app = create_app(gw)
     # handler_cancellation: a client that disconnects cancels its handler, which aborts the generation.
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=5.0)
-    await runner.setup()
+    try:
+        await runner.setup()  # the app's cleanup_ctx opens the gateway: the state folder's lock, the store
+    except RuntimeError as e:  # the state folder is in use, or the store cannot open
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     site = web.TCPSite(runner, server.host, server.port, backlog=server.backlog)
     await site.start()
     url = f"http://{server.host}:{server.port}"

@@ -19,7 +19,7 @@ from aiohttp.test_utils import TestServer
 from gateway.app import create_app
 from gateway.client import AsyncClient
 from gateway.config import DEFAULT_AUGMENTATIONS, GatewayConfig, ServerConfig
-from gateway.state import Gateway
+from gateway.gateway import Gateway
 from tests.conftest import tiny_config
 
 API_KEY = "test-key"

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-import gateway.state as state_mod
-from gateway.state import Gateway
+import gateway.gateway as gateway_mod
+from gateway.gateway import Gateway
 from gateway.store import StoreError
+from tests.gateway.waiting import until
 
 
 def fake_gateway(**kw: Any) -> Any:
@@ -22,7 +23,7 @@ def fake_gateway(**kw: Any) -> Any:
 
 
 async def test_the_watchdog_survives_a_failed_restart_and_tries_again(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(state_mod, "WATCH_S", 0.005)
+    monkeypatch.setattr(gateway_mod, "WATCH_S", 0.005)
     attempts: list[str] = []
     engine = SimpleNamespace(dead=True, dead_reason=lambda: "EngineCore died")
 
@@ -35,10 +36,7 @@ async def test_the_watchdog_survives_a_failed_restart_and_tries_again(monkeypatc
     gw = fake_gateway(engine=engine, restart_engine=restart)
     task = asyncio.ensure_future(Gateway.watch_engine(gw))  # type: ignore[arg-type]
     try:
-        for _ in range(300):
-            await asyncio.sleep(0.01)
-            if len(attempts) >= 3:
-                break
+        await until(lambda: len(attempts) >= 3 or task.done(), 10, "three restart attempts")
         assert attempts == ["EngineCore died"] * 3 and not task.done()
     finally:
         task.cancel()
@@ -56,10 +54,7 @@ async def test_the_expiry_loop_survives_a_failed_round() -> None:
     gw = fake_gateway(config=SimpleNamespace(server=SimpleNamespace(session_idle_s=0.2)), expire_idle=expire)
     task = asyncio.ensure_future(Gateway.expire_loop(gw))  # type: ignore[arg-type]
     try:
-        for _ in range(200):
-            await asyncio.sleep(0.01)
-            if len(rounds) >= 3:
-                break
+        await until(lambda: len(rounds) >= 3 or task.done(), 10, "three expiry rounds")
         assert len(rounds) >= 3 and not task.done()
     finally:
         task.cancel()

@@ -15,8 +15,10 @@ import pytest
 
 from gateway.agent import AgentSession
 from gateway.http import ApiError
-from gateway.sessions import SessionTable
+from gateway.schemas import TokenEvent
+from gateway.session_table import SessionTable
 from gateway.store import StoredSession, StoreError
+from tests.gateway.waiting import until
 
 MODEL = "tiny-model-path"
 
@@ -28,10 +30,12 @@ class FakeStore:
         self.rows: dict[str, StoredSession] = {}
         self.fail = False
         self.gate: asyncio.Event | None = None
+        self.put_started = asyncio.Event()  # a put is under way (waiting at the gate, if there is one)
         self.deletes: list[str] = []
 
     async def put(self, sid: str, token_hash: str, head: dict[str, Any]) -> None:
         async def write() -> None:
+            self.put_started.set()
             if self.gate is not None:
                 await self.gate.wait()
             if self.fail:
@@ -107,15 +111,12 @@ async def test_a_create_cancelled_during_its_write_leaves_no_orphan_row() -> Non
     table = SessionTable(store)  # type: ignore[arg-type]
     store.gate = asyncio.Event()
     task = asyncio.ensure_future(open_one(table, ctx))
-    await asyncio.sleep(0.01)  # the put is under way
+    await asyncio.wait_for(store.put_started.wait(), 5)  # the put is under way
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     store.gate.set()  # the write lands after the request is gone ...
-    for _ in range(100):
-        await asyncio.sleep(0.01)
-        if store.deletes:
-            break
+    await until(lambda: store.deletes, 5, "the orphan row's removal")
     assert not store.rows and not table.live  # ... and is removed again: nobody has its id
     assert ctx.engine.opened[0].closed
 
@@ -150,7 +151,7 @@ async def test_delete_removes_the_row_even_when_ending_the_session_fails_or_is_c
     task.cancel()  # the DELETE request's handler is cancelled (its client went away)
     with pytest.raises(asyncio.CancelledError):
         await task
-    await asyncio.sleep(0.01)
+    await until(lambda: removed[-1] == slow.id, 5, "the shielded removal of the row")
     assert slow.id not in store.rows and slow.id not in table.live and removed[-1] == slow.id
 
 
@@ -183,10 +184,10 @@ async def test_a_batch_the_store_cannot_commit_becomes_a_store_unavailable_error
     store, ctx = FakeStore(), fake_ctx()
     table = SessionTable(store)  # type: ignore[arg-type]
     s = await open_one(table, ctx)
-    s.state = "generating"
-    s.partial = ["Thought: "]
+    s.generating()
+    s.wrote("Thought: ")
     store.fail = True
-    s.emit("token", text="Thought: ")
+    s.emit(TokenEvent(text="Thought: "))
     batches = [b async for b in s.events()]
     assert batches == [[], [("error", {"type": "store_unavailable", "message": batches[1][0][1]["message"]})]]
     assert "disk I/O error" in batches[1][0][1]["message"]

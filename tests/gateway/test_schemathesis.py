@@ -25,7 +25,7 @@ async def test_generated_requests_get_no_5xx_and_only_documented_statuses(served
     before = set(served.gw.sessions)
     har = tmp_path / "run.har"
     proc = await asyncio.create_subprocess_exec(
-        exe, "run", f"{served.url}/openapi.json", "--checks", "not_a_server_error,status_code_conformance",
+        exe, "run", f"{served.url}/openapi.json", "--checks", "not_a_server_error,status_code_conformance,response_schema_conformance",
         "--max-examples", str(EXAMPLES_PER_OPERATION), "--seed", "7", "--header", f"Authorization: Bearer {API_KEY}",
         "--request-timeout", "120", "--suppress-health-check", "all", "--report", "har", "--report-har-path", str(har),
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path)

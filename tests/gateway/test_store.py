@@ -18,6 +18,7 @@ from augmentations.base import Artifact
 from gateway.artifacts import ArtifactStore
 from gateway.durable import fold, hash_token, token_matches
 from gateway.store import MEMORY, SqliteStore, StoreError, _Job
+from tests.gateway.waiting import until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,15 +49,29 @@ async def test_put_get_list_delete_and_append(tmp_path: Path) -> None:
         await store.close()
 
 
+async def blocked_writer(store: SqliteStore, gate: threading.Event) -> asyncio.Future[object]:
+    """A job that holds the writer thread inside its transaction until `gate` is set; returned once the
+    thread runs it (nothing else is queued then)."""
+    running = threading.Event()
+
+    def hold(db: sqlite3.Connection) -> bool:
+        running.set()
+        return gate.wait(10)
+
+    blocker = asyncio.ensure_future(store._submit(hold))
+    assert await asyncio.to_thread(running.wait, 10), "the writer thread never ran the blocking job"
+    assert store._jobs.qsize() == 0
+    return blocker
+
+
 async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
     store = SqliteStore(MEMORY)
     try:
         await store.put("s", "h", {})
         gate = threading.Event()
-        blocker = asyncio.ensure_future(store._submit(lambda db: gate.wait(10)))
-        await asyncio.sleep(0.05)
+        blocker = await blocked_writer(store, gate)
         writes = [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(100)]
-        await asyncio.sleep(0.05)  # all 100 are queued behind the blocked transaction
+        await until(lambda: store._jobs.qsize() == 100, what="100 writes queued behind the blocked transaction")
         before = store.commits
         gate.set()
         await asyncio.gather(blocker, *writes)
@@ -71,12 +86,11 @@ async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
 async def test_writes_queued_after_close_fail_instead_of_hanging() -> None:
     store = SqliteStore(MEMORY)
     gate = threading.Event()
-    blocker = asyncio.ensure_future(store._submit(lambda db: gate.wait(10)))
-    await asyncio.sleep(0.05)
+    blocker = await blocked_writer(store, gate)
     closing = asyncio.ensure_future(store.close())
-    await asyncio.sleep(0.05)  # the close's sentinel is queued behind the blocked transaction
+    await until(lambda: store._jobs.qsize() == 1, what="the close's sentinel queued behind the blocked transaction")
     late = asyncio.ensure_future(store.put("s", "h", {}))
-    await asyncio.sleep(0.05)
+    await until(lambda: store._jobs.qsize() == 2, what="a write queued behind the close")
     gate.set()
     await asyncio.wait_for(closing, 5)
     assert await blocker is True

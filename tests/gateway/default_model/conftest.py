@@ -9,7 +9,7 @@ import pytest_asyncio
 
 from engine_adapter.config import EngineConfig
 from gateway.config import GatewayConfig, ServerConfig
-from gateway.state import Gateway
+from gateway.gateway import Gateway
 from tests.gateway.conftest import running_gateway
 
 

@@ -1,7 +1,10 @@
 """What the routes share: the engine, the tool registry, the sessions (live and stored), metrics and
-artifacts, and their lifecycle. The app factory (`gateway.app.create_app`) runs it from aiohttp's
-`cleanup_ctx`:
+artifacts, and their lifecycle; the app key it lives under (`GATEWAY_KEY`) and its accessor (`gw_of`),
+which every route module imports from here. The app factory (`gateway.app.create_app`) runs the
+lifecycle from aiohttp's `cleanup_ctx`:
 
+* open: the tool registry is built, the state folder locked, the session store opened (`open`); a
+  constructed `Gateway` holds nothing yet, so building one (or an app) never touches the disk;
 * start: the engine starts in the background (health answers 503 "starting"), then the stored sessions
   are read back onto it and the gateway says ready;
 * engine death: a watchdog sees vLLM's engine core gone, health answers 503 "restarting" with the
@@ -9,7 +12,8 @@ artifacts, and their lifecycle. The app factory (`gateway.app.create_app`) runs 
   back from the store (`server.restart_engine`);
 * pressure: beyond `server.max_sessions` 429, beyond `server.max_queued_turns` turns in progress 503,
   while draining 503, each with `Retry-After`;
-* drain and shutdown: new work refused, running turns given `server.drain_s`, everything committed.
+* drain and shutdown: new work refused, running turns given `server.drain_s`, everything committed,
+  and what `open` opened closed again (`close`).
 """
 
 from __future__ import annotations
@@ -21,21 +25,25 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from aiohttp import web
+
 from augmentations.factory import build_registry
 from augmentations.registry import Registry
 from engine_adapter.config import EngineConfig
 from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import TurnEnd
-from gateway.agent import AgentContext, AgentSession
+from gateway.agent import AgentSession
 from gateway.artifacts import ArtifactStore
+from gateway.call_parser import CallParser
 from gateway.config import GatewayConfig
+from gateway.context import AgentContext
 from gateway.http import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.procs import StateLock, reap_orphans, record_engine
 from gateway.prompts import PromptBuilder
-from gateway.sessions import EPHEMERAL_PREFIX, SessionTable
-from gateway.store import SqliteStore
-from gateway.toolcalls import CallParser
+from gateway.schemas import Health, HealthStatus
+from gateway.session_table import EPHEMERAL_PREFIX, SessionTable
+from gateway.store import MEMORY, SqliteStore
 
 log = logging.getLogger("infercept.gateway")
 RETRY_OVERLOADED_S = 1  # a turn slot frees within seconds
@@ -43,7 +51,12 @@ RETRY_SESSIONS_S = 10  # sessions end by DELETE or idleness
 RETRY_NOT_READY_S = 5  # the engine is starting or restarting
 WATCH_S = 0.5  # how often the watchdog looks at the engine
 
-__all__ = ["EPHEMERAL_PREFIX", "Gateway"]
+__all__ = ["EPHEMERAL_PREFIX", "GATEWAY_KEY", "Gateway", "gw_of"]
+
+
+class NotOpen(RuntimeError):
+    def __init__(self, what: str) -> None:
+        super().__init__(f"the gateway's {what} is opened with its app (Gateway.open, from the app's cleanup_ctx)")
 
 
 class Gateway:
@@ -51,18 +64,16 @@ class Gateway:
                  timeouts: dict[str, float | None] | None = None) -> None:
         self.engine_config = engine_config
         self.config = config
-        if registry is None:
-            registry, timeouts = build_registry(config.augmentations)
-        self.registry = registry
+        self._registry = registry  # None: built from config.augmentations by `open`
         self.timeouts = timeouts or {}
         self.engine = InterceptEngine(engine_config)
         self.metrics = GatewayMetrics()
-        self.store = SqliteStore(config.server.resolved_state_path())
-        self.state_dir = Path(self.store.path).parent if self.store.persistent else None
-        self._lock = StateLock(self.state_dir) if self.state_dir is not None else None
-        self.artifacts = ArtifactStore(config.server.artifact_store_mb * 2**20,
-                                       self.state_dir / "artifacts" if self.state_dir is not None else None)
-        self.table = SessionTable(self.store, on_removed=self.artifacts.drop_session)
+        path = str(config.server.resolved_state_path())
+        self.state_dir = Path(path).parent if path != MEMORY else None
+        self._store: SqliteStore | None = None
+        self._lock: StateLock | None = None
+        self._artifacts: ArtifactStore | None = None
+        self._table: SessionTable | None = None
         self.ctx: AgentContext | None = None  # once the engine is ready
         self.ready = asyncio.Event()
         self.start_error: BaseException | None = None
@@ -72,10 +83,69 @@ class Gateway:
         self._artifacts_loaded = False
 
     @property
+    def registry(self) -> Registry:
+        if self._registry is None:
+            raise NotOpen("tool registry")
+        return self._registry
+
+    @property
+    def store(self) -> SqliteStore:
+        if self._store is None:
+            raise NotOpen("session store")
+        return self._store
+
+    @property
+    def artifacts(self) -> ArtifactStore:
+        if self._artifacts is None:
+            raise NotOpen("artifact store")
+        return self._artifacts
+
+    @property
+    def table(self) -> SessionTable:
+        if self._table is None:
+            raise NotOpen("session table")
+        return self._table
+
+    @property
     def sessions(self) -> dict[str, AgentSession]:
         return self.table.live
 
     # ------------------------------------------------------------------ lifecycle
+    async def open(self) -> None:
+        """Build the tool registry, lock the state folder, open the session store and the artifacts. A
+        failure (the folder in use by another server, a store that cannot open) raises, and what was
+        opened before it is closed again."""
+        try:
+            if self._registry is None:
+                self._registry, self.timeouts = build_registry(self.config.augmentations)
+            if self.state_dir is not None:
+                self._lock = StateLock(self.state_dir)
+            self._store = await asyncio.to_thread(SqliteStore, self.config.server.resolved_state_path())
+            self._artifacts = ArtifactStore(self.config.server.artifact_store_mb * 2**20,
+                                            self.state_dir / "artifacts" if self.state_dir is not None else None)
+            self._table = SessionTable(self._store, on_removed=self._artifacts.drop_session)
+        except BaseException:
+            await self._release()
+            raise
+
+    async def _release(self) -> None:
+        """Close what `open` opened (each part once, whatever failed before it)."""
+        registry, self._registry = self._registry, None
+        store, self._store = self._store, None
+        lock, self._lock = self._lock, None
+        try:
+            if registry is not None:
+                await registry.close()
+        finally:
+            try:
+                if store is not None:
+                    await store.close()
+            finally:
+                if self.state_dir is not None:
+                    (self.state_dir / "engine.json").unlink(missing_ok=True)
+                if lock is not None:
+                    lock.release()
+
     async def start_engine(self) -> None:
         """Start the engine, do one real round trip, read the stored sessions back, then say ready. A
         failure is kept in `start_error` (health checks report it), not raised: the server stays up to
@@ -158,15 +228,14 @@ class Gateway:
         return self.table.busy_count()
 
     async def close(self) -> None:
-        await self.table.detach_all("shutting_down", "the server is shutting down; the session is kept: "
-                                    "resend the message when it is back")
-        await self.registry.close()
-        await self.engine.shutdown()
-        await self.store.close()
-        if self.state_dir is not None:
-            (self.state_dir / "engine.json").unlink(missing_ok=True)
-        if self._lock is not None:
-            self._lock.release()
+        """Detach every session (committed, kept), stop the engine, then close what `open` opened."""
+        try:
+            if self._table is not None:
+                await self._table.detach_all("shutting_down", "the server is shutting down; the session is kept: "
+                                             "resend the message when it is back")
+            await self.engine.shutdown()
+        finally:
+            await self._release()
 
     async def expire_loop(self) -> None:
         idle = self.config.server.session_idle_s
@@ -187,19 +256,21 @@ class Gateway:
         return n
 
     # ------------------------------------------------------------------ admission
-    def health(self) -> tuple[int, dict[str, Any]]:
-        body: dict[str, Any] = {"model": self.engine_config.model, "policy": self.engine_config.policy}
+    def health(self) -> tuple[int, Health]:
+        def body(status: HealthStatus, **error: str | None) -> Health:
+            return Health(status=status, model=self.engine_config.model, policy=self.engine_config.policy, **error)
+
         if self.draining:
-            return 503, {"status": "draining", **body}
+            return 503, body("draining")
         if self.ready.is_set() and self.engine.dead:  # before the watchdog's next look
-            return 503, {"status": "restarting", "error": f"the engine died ({self.engine.dead_reason()})", **body}
+            return 503, body("restarting", error=f"the engine died ({self.engine.dead_reason()})")
         if self.ready.is_set():
-            return 200, {"status": "ok", **body}
+            return 200, body("ok")
         if self.start_error is not None:
-            return 503, {"status": "failed", "error": str(self.start_error), **body}
+            return 503, body("failed", error=str(self.start_error))
         if self.down_reason is not None:
-            return 503, {"status": "restarting", "error": self.down_reason, **body}
-        return 503, {"status": "starting", **body}
+            return 503, body("restarting", error=self.down_reason)
+        return 503, body("starting")
 
     def require_ready(self) -> AgentContext:
         if self.ready.is_set() and self.engine.dead:
@@ -266,3 +337,11 @@ class Gateway:
 
     def session_states(self) -> list[str]:
         return self.table.states()
+
+
+GATEWAY_KEY: web.AppKey[Gateway] = web.AppKey("gateway", Gateway)
+
+
+def gw_of(request: web.Request) -> Gateway:
+    """The gateway of the app serving `request`."""
+    return request.app[GATEWAY_KEY]

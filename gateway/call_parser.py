@@ -1,5 +1,5 @@
 """Tool calls in the model's text: which tool, with what argument text; and the structured-output regex
-that makes the model call one (`tool_choice`)."""
+that makes the model call one (`tool_choice`). Parsing only: running a call is `gateway.calls`."""
 
 from __future__ import annotations
 

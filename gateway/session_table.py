@@ -1,4 +1,5 @@
 """The gateway's open sessions: the table of live `AgentSession`s and its mirror in the session store.
+(`gateway.agent` is one session; `engine_adapter.session` is its request on the engine.)
 
 Every durable session is in the store from the moment it is created (before its id and token are
 returned) until it is deleted or expires; in between, each session commits its own changes
@@ -18,10 +19,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from engine_adapter.hints import ToolHint
-from engine_adapter.session import Session
-from gateway.agent import AgentContext, AgentSession, Pending
-from gateway.calls import CallRecord
-from gateway.durable import Folded, fold, token_matches
+from gateway.agent import AgentSession
+from gateway.context import AgentContext
+from gateway.durable import check_format, fold, token_matches
 from gateway.http import ApiError
 from gateway.store import SessionStore, StoreError
 
@@ -169,6 +169,7 @@ class SessionTable:
         stored = await self.store.get(sid)
         if stored is None:
             return 0
+        check_format(stored.head)
         folded = fold(stored.head, stored.events)
         model = folded.head.get("model")
         if model != ctx.engine.model_path:
@@ -182,11 +183,10 @@ class SessionTable:
         es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=int(settings["max_tokens"]),
                                      temperature=float(settings["temperature"]), seed=settings["seed"], history=folded.context)
         try:
-            s = restore(ctx, es, folded, stored.token_hash, self.store)
+            s = AgentSession.restored(ctx, es, folded, stored.token_hash, self.store)
         except BaseException:
             await es.close()  # the engine session opened for it is not left behind
             raise
-        s.tools = [t for t in s.tools if t in ctx.registry]  # a tool since removed from the config is gone
         self.live[sid] = s
         with contextlib.suppress(Exception):
             await s.commit()  # the interrupted marks, if any
@@ -195,29 +195,3 @@ class SessionTable:
 
 def store_unavailable(e: StoreError) -> ApiError:
     return ApiError(503, "store_unavailable", f"the session store failed ({e}); retry shortly", retry_after=RETRY_STORE_S)
-
-
-def restore(ctx: AgentContext, es: Session, folded: Folded, token_hash: str, store: SessionStore | None) -> AgentSession:
-    """A session read back from the store, on a fresh engine session over its stored context. A turn that
-    was in progress (generating, or in a server tool) is marked interrupted; a call it waited on (a
-    human's answer, a client's result) is still pending and answering it continues the turn."""
-    head, settings = folded.head, folded.head["settings"]
-    s = AgentSession(ctx, es, system=settings["system"], tools=list(settings["tools"]),
-                     client_tools=dict(settings["client_tools"]), max_tokens=int(settings["max_tokens"]), store=store)
-    s.token, s.token_hash = None, token_hash
-    s.created_s = float(head["created"])
-    s.last_active_s = time.monotonic() - max(0.0, time.time() - float(head["last_active"]))
-    s.transcript = list(folded.transcript)
-    s.calls = [CallRecord(**c) for c in folded.calls]
-    s.usage = dict(head["usage"])
-    s.last_end_reason = head.get("last_end_reason")
-    s.announce_restore = bool(folded.context)
-    s.partial = [folded.unreported_text] if folded.unreported_text else []
-    pending_id = head.get("pending_call_id")
-    call = next((c for c in s.calls if c.call_id == pending_id), None)
-    if call is not None:
-        s.pending = Pending(call, None)
-        s.state = "awaiting_user" if call.kind == "human" else "in_tool"
-    elif head["state"] in ("generating", "in_tool"):
-        s.interrupt("server_restart")
-    return s
