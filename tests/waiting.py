@@ -8,8 +8,8 @@ import time
 from collections.abc import Callable
 
 
-async def wait_until(cond: Callable[[], bool], timeout_s: float, what: str, every_s: float = 0.01) -> None:
-    """Return once `cond()` holds; fail the test naming `what` if it does not within `timeout_s`."""
+async def wait_until(cond: Callable[[], object], timeout_s: float, what: str, every_s: float = 0.01) -> None:
+    """Return once `cond()` is true; fail the test naming `what` if it is not within `timeout_s`."""
     deadline = time.monotonic() + timeout_s
     while not cond():
         if time.monotonic() > deadline:

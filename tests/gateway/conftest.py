@@ -92,7 +92,7 @@ async def running_gateway(gw: Gateway, api_key: str | None = None) -> AsyncItera
 
 
 @pytest_asyncio.fixture(scope="package")
-async def served(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Served]:
+async def served(tmp_path_factory: pytest.TempPathFactory, uses_server: None) -> AsyncIterator[Served]:
     # Room for the few-shot prompt of all six tools (~750 tokens) and several sessions. A real session
     # store on disk: every test here also runs the commits before each batch of events.
     cfg = tiny_config("infercept", num_kv_blocks=200, max_model_len=2048, max_num_seqs=8, log_stats=True)

@@ -13,7 +13,7 @@ import pytest
 import gateway.gateway as gateway_mod
 from gateway.gateway import Gateway
 from gateway.store import StoreError
-from tests.gateway.waiting import until
+from tests.waiting import wait_until
 
 
 def fake_gateway(**kw: Any) -> Any:
@@ -36,7 +36,7 @@ async def test_the_watchdog_survives_a_failed_restart_and_tries_again(monkeypatc
     gw = fake_gateway(engine=engine, restart_engine=restart)
     task = asyncio.ensure_future(Gateway.watch_engine(gw))  # type: ignore[arg-type]
     try:
-        await until(lambda: len(attempts) >= 3 or task.done(), 10, "three restart attempts")
+        await wait_until(lambda: len(attempts) >= 3 or task.done(), 10, "three restart attempts")
         assert attempts == ["EngineCore died"] * 3 and not task.done()
     finally:
         task.cancel()
@@ -54,7 +54,7 @@ async def test_the_expiry_loop_survives_a_failed_round() -> None:
     gw = fake_gateway(config=SimpleNamespace(server=SimpleNamespace(session_idle_s=0.2)), expire_idle=expire)
     task = asyncio.ensure_future(Gateway.expire_loop(gw))  # type: ignore[arg-type]
     try:
-        await until(lambda: len(rounds) >= 3 or task.done(), 10, "three expiry rounds")
+        await wait_until(lambda: len(rounds) >= 3 or task.done(), 10, "three expiry rounds")
         assert len(rounds) >= 3 and not task.done()
     finally:
         task.cancel()

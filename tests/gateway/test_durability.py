@@ -20,7 +20,7 @@ from infercept.server_proc import ServerProcess, alive, free_port, write_config
 
 
 @pytest.fixture
-def servers() -> Iterator[list[ServerProcess]]:
+def servers(uses_server: None) -> Iterator[list[ServerProcess]]:
     started: list[ServerProcess] = []
     yield started
     for s in started:

@@ -18,7 +18,7 @@ from gateway.http import ApiError
 from gateway.schemas import TokenEvent
 from gateway.session_table import SessionTable
 from gateway.store import StoredSession, StoreError
-from tests.gateway.waiting import until
+from tests.waiting import wait_until
 
 MODEL = "tiny-model-path"
 
@@ -116,7 +116,7 @@ async def test_a_create_cancelled_during_its_write_leaves_no_orphan_row() -> Non
     with pytest.raises(asyncio.CancelledError):
         await task
     store.gate.set()  # the write lands after the request is gone ...
-    await until(lambda: store.deletes, 5, "the orphan row's removal")
+    await wait_until(lambda: store.deletes, 5, "the orphan row's removal")
     assert not store.rows and not table.live  # ... and is removed again: nobody has its id
     assert ctx.engine.opened[0].closed
 
@@ -151,7 +151,7 @@ async def test_delete_removes_the_row_even_when_ending_the_session_fails_or_is_c
     task.cancel()  # the DELETE request's handler is cancelled (its client went away)
     with pytest.raises(asyncio.CancelledError):
         await task
-    await until(lambda: removed[-1] == slow.id, 5, "the shielded removal of the row")
+    await wait_until(lambda: removed[-1] == slow.id, 5, "the shielded removal of the row")
     assert slow.id not in store.rows and slow.id not in table.live and removed[-1] == slow.id
 
 

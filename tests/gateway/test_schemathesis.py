@@ -18,6 +18,7 @@ from tests.gateway.conftest import API_KEY, Served
 EXAMPLES_PER_OPERATION = 8
 
 
+@pytest.mark.slow
 async def test_generated_requests_get_no_5xx_and_only_documented_statuses(served: Served, tmp_path: Path) -> None:
     exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     if not Path(exe).exists():

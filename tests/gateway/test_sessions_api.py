@@ -14,7 +14,7 @@ import pytest
 from engine_adapter.intercept.reports import Integrity
 from gateway.client import ApiError, Event, SessionRef
 from tests.gateway.conftest import API_KEY, MAX_SESSIONS, Served
-from tests.gateway.waiting import until
+from tests.waiting import wait_until
 
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 
@@ -331,7 +331,7 @@ async def test_delete_while_generating_ends_the_stream(served: Served, sessions:
             events.append(ev)
 
     reader = asyncio.create_task(read())
-    await until(lambda: events or reader.done(), 120, "the first event of the stream")
+    await wait_until(lambda: events or reader.done(), 120, "the first event of the stream")
     assert events, reader
     await c.close_session(s)
     sessions.remove(s)

@@ -18,7 +18,7 @@ from augmentations.base import Artifact
 from gateway.artifacts import ArtifactStore
 from gateway.durable import fold, hash_token, token_matches
 from gateway.store import MEMORY, SqliteStore, StoreError, _Job
-from tests.gateway.waiting import until
+from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
         gate = threading.Event()
         blocker = await blocked_writer(store, gate)
         writes = [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(100)]
-        await until(lambda: store._jobs.qsize() == 100, what="100 writes queued behind the blocked transaction")
+        await wait_until(lambda: store._jobs.qsize() == 100, 10, "100 writes queued behind the blocked transaction")
         before = store.commits
         gate.set()
         await asyncio.gather(blocker, *writes)
@@ -88,9 +88,9 @@ async def test_writes_queued_after_close_fail_instead_of_hanging() -> None:
     gate = threading.Event()
     blocker = await blocked_writer(store, gate)
     closing = asyncio.ensure_future(store.close())
-    await until(lambda: store._jobs.qsize() == 1, what="the close's sentinel queued behind the blocked transaction")
+    await wait_until(lambda: store._jobs.qsize() == 1, 10, "the close's sentinel queued behind the blocked transaction")
     late = asyncio.ensure_future(store.put("s", "h", {}))
-    await until(lambda: store._jobs.qsize() == 2, what="a write queued behind the close")
+    await wait_until(lambda: store._jobs.qsize() == 2, 10, "a write queued behind the close")
     gate.set()
     await asyncio.wait_for(closing, 5)
     assert await blocker is True

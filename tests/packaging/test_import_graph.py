@@ -108,3 +108,14 @@ def test_the_graph_sees_deferred_imports() -> None:
 def test_no_import_cycles_at_run_time() -> None:
     found = cycles(import_graph())
     assert found == [], "import cycles (each list imports itself round): " + "; ".join(" <-> ".join(c) for c in found)
+
+
+def test_the_gateway_layers_point_one_way() -> None:
+    deps = import_graph()
+    # The message loop drives its session through its `Host` protocol, never the session's module.
+    assert "gateway.agent" not in deps["gateway.react"]
+    routes = {"gateway.routes_sessions", "gateway.routes_openai", "gateway.routes_admin"}
+    assert routes <= deps["gateway.app"]  # the app imports its routes at the top
+    for r in routes:
+        assert "gateway.app" not in deps[r], r
+    assert not (deps["gateway.gateway"] & (routes | {"gateway.app"}))  # the state object knows no HTTP layer

@@ -6,6 +6,7 @@ checkout."""
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -25,8 +26,17 @@ DATA = ["infercept/configs/default.yaml", "infercept/configs/augmentations.yaml"
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("wheel")
-    # No build isolation: setuptools and wheel are in the venv, and nothing needs to be downloaded.
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO), "-w", str(out)],
+    # Built from a copy of the tracked files: setuptools keeps a build/ folder beside the sources, and a
+    # module removed from the tree would still be in a stale one. No build isolation: setuptools and wheel
+    # are in the venv, and nothing needs to be downloaded.
+    src = tmp_path_factory.mktemp("src")
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO, check=True,
+                           capture_output=True, text=True).stdout.split("\0")
+    for rel in filter(None, files):
+        if (REPO / rel).is_file():
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / rel, src / rel)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(src), "-w", str(out)],
                    check=True, capture_output=True, timeout=300, cwd=out)
     (whl,) = out.glob("infercept-*.whl")
     return whl

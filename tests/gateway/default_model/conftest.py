@@ -14,7 +14,7 @@ from tests.gateway.conftest import running_gateway
 
 
 @pytest_asyncio.fixture(scope="package")
-async def default_url() -> AsyncIterator[str]:
+async def default_url(uses_server: None, uses_default_model: None) -> AsyncIterator[str]:
     gw = Gateway(EngineConfig(model="default", policy="infercept", max_model_len=2048, max_num_seqs=8),
                  GatewayConfig(server=ServerConfig(max_tokens=64, state_path=":memory:"), augmentations={"calculator": {}, "wikipedia": {}}))
     async with running_gateway(gw) as s:
