@@ -217,7 +217,9 @@ class InterceptEngine:
         client = self.llm.engine_core
         if self.ranks == 1:
             return await client.call_utility_async("infercept_call", method, list(args))
-        return await client._call_utility_async("infercept_call", method, list(args), engine=client.core_engines[rank])
+        from engine_adapter.vllm_port import call_utility_on_rank
+
+        return await call_utility_on_rank(client, rank, "infercept_call", method, list(args))
 
     async def _call_all(self, method: str, *args: Any) -> list[Any]:
         """One result per rank, in rank order."""

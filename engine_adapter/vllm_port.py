@@ -1,6 +1,10 @@
-"""The intercept core's view of vLLM's scheduler: the `KvPort` it releases blocks through, the step it
-is about to build, and the block counts its reports need. Every vLLM 0.32 internal the intercept
-machinery touches outside the hook overrides is here:
+"""The vLLM port: the intercept core's view of vLLM's scheduler (the `KvPort` it releases blocks through,
+the step it is about to build, the block counts its reports need), and one small function for each
+private vLLM name the rest of the engine adapter needs. Every vLLM 0.32 internal touched outside the
+hook overrides (`scheduler.py`, `swap_connector.py`: methods of the classes we subclass) is here, and
+`tests/policy/test_vllm_boundary.py` keeps private names from leaking out of this module.
+
+The scheduler (`VllmPort`):
 
 * `Scheduler._free_request_blocks`, `num_waiting_for_streaming_input` (paused requests hold a running
   slot there, counted against `max_num_active_reqs`), `running`, `waiting`, `kv_holding_waiting`,
@@ -13,11 +17,21 @@ machinery touches outside the hook overrides is here:
 
 The step order itself (what runs, what waits, the blocks they need) is a pure rule in
 `intercept/step.py`, shared with the simulator; this port only reads vLLM's queues into it.
+
+Elsewhere (one function each, below):
+* `AsyncMPClient._call_utility_async(method, *args, engine=core_engines[rank])`: a utility call on one
+  data-parallel rank (`engine.py`; the public `call_utility_async` reaches the first engine only);
+* `StructuredOutputManager._create_grammar(request)`: a turn's grammar, compiled in place
+  (`scheduler.py`);
+* `KVConnectorBase_V1._get_connector_metadata()`: the step's metadata bound to the connector
+  (`swap_connector.py`; the base class's accessor for its subclasses);
+* `GPUModelRunner._sample(logits, spec_decode_metadata)` and `_bookkeeping_sync(...)`, inherited by
+  `CPUModelRunner`: wrapped by the seeded-sampling fix (`vllm_plugin.py`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
@@ -107,3 +121,30 @@ class VllmPort:
     def resident_tokens(self) -> int:
         pool = self.s.kv_cache_manager.block_pool
         return (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * self.s.block_size
+
+
+# ====================================================================== outside the scheduler
+async def call_utility_on_rank(client: Any, rank: int, method: str, *args: Any) -> Any:
+    """An engine-core utility call on one data-parallel rank of an `AsyncLLM.engine_core` client."""
+    return await client._call_utility_async(method, *args, engine=client.core_engines[rank])
+
+
+def compile_grammar(manager: Any, request: Request) -> Any:
+    """The request's grammar, compiled now by the scheduler's `structured_output_manager` (whose public
+    `grammar_init` may compile it on a thread pool instead)."""
+    return manager._create_grammar(request)
+
+
+def connector_metadata(connector: Any) -> Any:
+    """The metadata vLLM bound to this KV connector for the step (only while one is bound)."""
+    return connector._get_connector_metadata()
+
+
+def runner_sampling(cls: type) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """A model runner class's `_sample` and `_bookkeeping_sync` methods."""
+    return cls._sample, cls._bookkeeping_sync  # type: ignore[attr-defined]
+
+
+def set_runner_sampling(cls: type, sample: Callable[..., Any], bookkeeping_sync: Callable[..., Any]) -> None:
+    """Replace them (wrappers that call the originals, with the same signatures)."""
+    cls._sample, cls._bookkeeping_sync = sample, bookkeeping_sync  # type: ignore[attr-defined]
