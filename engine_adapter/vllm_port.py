@@ -1,8 +1,9 @@
 """The vLLM port: the intercept core's view of vLLM's scheduler (the `KvPort` it releases blocks through,
 the step it is about to build, the block counts its reports need), and one small function for each
-private vLLM name the rest of the engine adapter needs. Every vLLM 0.32 internal touched outside the
-hook overrides (`scheduler.py`, `swap_connector.py`: methods of the classes we subclass) is here, and
-`tests/policy/test_vllm_boundary.py` keeps private names from leaking out of this module.
+private vLLM name the rest of the engine adapter needs. Every private vLLM 0.32 name touched outside
+the hook overrides (`scheduler.py`, `swap_connector.py`: methods of the classes we subclass) is here,
+and `tests/policy/test_vllm_boundary.py` keeps them from leaking out of this module; internals with
+public names are listed in the docstring of each module that uses them.
 
 The scheduler (`VllmPort`):
 
