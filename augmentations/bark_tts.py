@@ -103,17 +103,35 @@ def checkpoint_globals() -> list[Any]:
     #626); allowing exactly these globals keeps the safe loader instead of turning it off."""
     import numpy as np
 
-    try:
+    try:  # NumPy 2 keeps it in numpy._core (numpy.core is a deprecated alias there): the one place we name it
         from numpy._core.multiarray import scalar
     except ImportError:  # NumPy 1
         from numpy.core.multiarray import scalar
     return [scalar, (scalar, "numpy.core.multiarray.scalar"), np.dtype, type(np.dtype("f8"))]
 
 
+# Bark's privates, reached here and nowhere else (bark 0.1.5). Its public loaders (`load_model`,
+# `preload_models`) take a model type, look for its checkpoint in Bark's cache directory and download it from
+# the Hugging Face hub when missing: a checkpoint folder of our own (the tiny model, a local copy) can only
+# be loaded by the private function they call, on the device they would pick.
+def load_bark_checkpoint(path: Path, device: str, kind: str) -> Any:
+    """One Bark GPT from a checkpoint file: `bark.generation._load_model(ckpt_path, device, model_type)`."""
+    from bark import generation
+
+    return generation._load_model(str(path), device, model_type=kind)
+
+
+def bark_device() -> str:
+    """The device Bark's own loaders pick (`bark.generation._grab_best_device`: CUDA, else MPS when Bark's
+    environment enables it, else the CPU)."""
+    from bark import generation
+
+    return generation._grab_best_device()
+
+
 def load_folder(folder: Path, device: str) -> dict[str, Any]:
     """Bark's four models from a checkpoint folder, loaded by Bark's and EnCodec's own code."""
     import torch
-    from bark import generation
     from encodec import EncodecModel
     from transformers import BertTokenizer
 
@@ -123,7 +141,7 @@ def load_folder(folder: Path, device: str) -> dict[str, Any]:
         # name; load the text GPT the coarse way and give it the folder's tokenizer when there is one.
         kind = "fine" if stage == "fine" else "coarse"
         with torch.serialization.safe_globals(checkpoint_globals()):
-            models[stage] = generation._load_model(str(_checkpoint(folder, stage)), device, model_type=kind)
+            models[stage] = load_bark_checkpoint(_checkpoint(folder, stage), device, kind)
     tokenizer = folder / "tokenizer"
     models["text"] = {"model": models["text"], "tokenizer": BertTokenizer.from_pretrained(
         str(tokenizer) if tokenizer.is_dir() else "bert-base-multilingual-cased")}
@@ -168,7 +186,7 @@ class BarkVoice:
                 folder = build_tiny_bark(tiny_bark_dir()) if key == "tiny" else Path(key).expanduser()
                 if not folder.is_dir():
                     raise ToolError(f"Bark checkpoint folder not found: {folder}")
-                self._models = load_folder(folder, generation._grab_best_device())
+                self._models = load_folder(folder, bark_device())
         generation.models.clear()
         generation.models.update(self._models)
         _loaded[0] = key

@@ -131,7 +131,7 @@ class WorkerPool:
         if isinstance(worker, _Thread):
             worker.retire()
         else:
-            for proc in list((getattr(worker, "_processes", None) or {}).values()):
+            for proc in pool_processes(worker):
                 proc.kill()  # a process can be stopped; a thread cannot
             worker.shutdown(wait=False, cancel_futures=True)
         if self.on_replace is not None:
@@ -146,3 +146,10 @@ class WorkerPool:
 
 
 __all__ = ["WorkerCrashed", "WorkerPool"]
+
+
+def pool_processes(pool: ProcessPoolExecutor) -> list[Any]:
+    """A process pool's worker processes. `concurrent.futures` has no public handle on them (`shutdown`
+    cannot stop a call that is running), so its private `_processes` (pid -> Process) is read here and
+    nowhere else."""
+    return list((getattr(pool, "_processes", None) or {}).values())

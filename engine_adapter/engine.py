@@ -19,6 +19,11 @@ tokens are therefore exactly `prompt + every generated token + every appended to
 
 A turn cancelled mid-stream (client disconnect) aborts the vLLM request, which frees its KV; the
 session keeps its history and the next turn opens a new request over the whole context.
+
+vLLM 0.32 internals relied on: `AsyncLLM.engine_core.call_utility_async` (the engine core's report
+methods, `scheduler.py`), `engine_core.resources.engine_manager.{finished_procs(), processes}` (which
+engine process ended); a utility call on one data-parallel rank goes through the port
+(`vllm_port.call_utility_on_rank`).
 """
 
 from __future__ import annotations
@@ -217,7 +222,9 @@ class InterceptEngine:
         client = self.llm.engine_core
         if self.ranks == 1:
             return await client.call_utility_async("infercept_call", method, list(args))
-        return await client._call_utility_async("infercept_call", method, list(args), engine=client.core_engines[rank])
+        from engine_adapter.vllm_port import call_utility_on_rank
+
+        return await call_utility_on_rank(client, rank, "infercept_call", method, list(args))
 
     async def _call_all(self, method: str, *args: Any) -> list[Any]:
         """One result per rank, in rank order."""

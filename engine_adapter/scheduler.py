@@ -7,7 +7,8 @@ vLLM 0.32 internals relied on here (the rest are in `vllm_port.py` and `swap_con
   `_handle_stopped_request` (parks resumable requests as `WAITING_FOR_STREAMING_REQ`),
   `_update_request_as_session` (keeps `_all_token_ids[:num_computed_tokens]`, overwrites
   `arrival_time`, gives the running slot back), `finish_requests`, `_free_request`, `schedule`,
-  `update_from_output`, `structured_output_manager`;
+  `update_from_output`, `structured_output_manager` (its `grammar_init`; the private compile is the
+  port's `compile_grammar`);
 * `vllm.v1.core.sched.utils.check_stop`, `vllm.v1.request.{Request, RequestStatus}`;
 * `SchedulerOutput.{scheduled_new_reqs[*].num_computed_tokens, num_scheduled_tokens,
   total_num_scheduled_tokens}`; `EngineCoreOutput.kv_transfer_params` (carries intercept records to
@@ -38,7 +39,7 @@ from engine_adapter.intercept.reports import check_integrity, engine_stats, to_d
 from engine_adapter.intercept.state import PauseInfo, ResumeKind
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
 from engine_adapter.triggers import TriggerMatcher, find_call
-from engine_adapter.vllm_port import VllmPort
+from engine_adapter.vllm_port import VllmPort, compile_grammar
 
 logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
 
@@ -147,7 +148,7 @@ class InterceptScheduler(Scheduler):
         if sor is not None:
             mgr = self.structured_output_manager
             mgr.grammar_init(session)  # sets up the backend the first time; may submit async work
-            sor.grammar = mgr._create_grammar(session)
+            sor.grammar = compile_grammar(mgr, session)
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         if request_ids is not None and not isinstance(request_ids, str):

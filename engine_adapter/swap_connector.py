@@ -46,6 +46,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from engine_adapter.vllm_port import connector_metadata
+
 if TYPE_CHECKING:
     import torch
     from vllm.config import VllmConfig
@@ -167,7 +169,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
     def _meta(self) -> SwapMeta | None:
         if not self.has_connector_metadata():
             return None
-        meta = self._get_connector_metadata()
+        meta = connector_metadata(self)
         if not isinstance(meta, SwapMeta) or not (meta.swap_in or meta.swap_out or meta.swap_out_first or meta.loads_done):
             return None
         return meta

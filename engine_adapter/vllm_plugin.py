@@ -13,6 +13,10 @@ On CPU the plugin does what the rewind means, exactly: it saves the state of the
 requests whose token will be discarded before the sampler draws, puts it back after, and hides those
 generators from the offset rewind. A seeded request then draws the same stream however its prompt is
 chunked. CUDA (Philox) generators are left to vLLM's own rewind.
+
+vLLM 0.32 internals relied on: the model runner's `_sample` and `_bookkeeping_sync` (read and replaced
+through the port, `vllm_port.runner_sampling` / `set_runner_sampling`), `input_batch.{num_reqs,
+generators}` and `discard_request_mask`.
 """
 from __future__ import annotations
 
@@ -52,8 +56,9 @@ def discarded_cpu_generators(runner: Any) -> dict[int, torch.Generator]:
 def patch_cpu_runner(cls: type) -> None:
     if getattr(cls, _PATCHED, False):
         return
-    orig_sample = cls._sample
-    orig_bookkeeping = cls._bookkeeping_sync
+    from engine_adapter.vllm_port import runner_sampling, set_runner_sampling
+
+    orig_sample, orig_bookkeeping = runner_sampling(cls)
 
     def _sample(self: Any, logits: Any, spec_decode_metadata: Any) -> Any:
         saved = [(g, g.get_state()) for g in discarded_cpu_generators(self).values()]
@@ -72,6 +77,5 @@ def patch_cpu_runner(cls: type) -> None:
         finally:
             gens.update(hidden)
 
-    cls._sample = _sample
-    cls._bookkeeping_sync = _bookkeeping_sync
+    set_runner_sampling(cls, _sample, _bookkeeping_sync)
     setattr(cls, _PATCHED, True)

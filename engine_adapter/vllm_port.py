@@ -1,25 +1,48 @@
-"""The intercept core's view of vLLM's scheduler: the `KvPort` it releases blocks through, the step it
-is about to build, and the block counts its reports need. Every vLLM 0.32 internal the intercept
-machinery touches outside the hook overrides is here:
+"""The vLLM port: the intercept core's view of vLLM's scheduler (the `KvPort` it releases blocks through,
+the step it is about to build, the block counts its reports need), and one small function for each
+private vLLM name the rest of the engine adapter needs. Every private vLLM 0.32 name touched outside
+the hook overrides (`scheduler.py`, `swap_connector.py`: methods of the classes we subclass) is here,
+and `tests/policy/test_vllm_boundary.py` keeps them from leaking out of this module; internals with
+public names are listed in the docstring of each module that uses them.
+
+The scheduler (`VllmPort`):
 
 * `Scheduler._free_request_blocks`, `num_waiting_for_streaming_input` (paused requests hold a running
   slot there, counted against `max_num_active_reqs`), `running`, `waiting`, `kv_holding_waiting`,
-  `max_num_scheduled_tokens`, `block_size`, `deferred_frees`, `requests`;
+  `max_num_scheduled_tokens`, `block_size`, `max_model_len`, `scheduler_reserve_full_isl`,
+  `num_lookahead_tokens`, `deferred_frees`, `requests`;
 * `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks, blocks[*].ref_cnt}` and
   `kv_cache_manager.coordinator.single_type_managers[*].req_to_blocks`;
-* `Request.{num_computed_tokens, num_tokens, num_tokens_with_spec, status, arrival_time}`.
+* `Request.{num_computed_tokens, num_tokens, num_tokens_with_spec, num_output_placeholders, status,
+  arrival_time}`.
+
+The step order itself (what runs, what waits, the blocks they need) is a pure rule in
+`intercept/step.py`, shared with the simulator; this port only reads vLLM's queues into it.
+
+Elsewhere (one function each, below):
+* `AsyncMPClient._call_utility_async(method, *args, engine=core_engines[rank])`: a utility call on one
+  data-parallel rank (`engine.py`; the public `call_utility_async` reaches the first engine only);
+* `StructuredOutputManager._create_grammar(request)`: a turn's grammar, compiled in place
+  (`scheduler.py`);
+* `KVConnectorBase_V1._get_connector_metadata()`: the step's metadata bound to the connector
+  (`swap_connector.py`; the base class's accessor for its subclasses);
+* `GPUModelRunner._sample(logits, spec_decode_metadata)` and `_bookkeeping_sync(...)`, inherited by
+  `CPUModelRunner`: wrapped by the seeded-sampling fix (`vllm_plugin.py`).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Container, Iterable
+from collections.abc import Callable, Container, Iterable
 from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
 
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
+from engine_adapter.intercept.step import StepLimits, StepRequest, arrival_index, step_view
+
+# Waiting requests vLLM can admit this step (the others wait for a KV load, a grammar, their next input).
+_READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class VllmPort:
@@ -59,49 +82,22 @@ class VllmPort:
         if not hasattr(queue, "insert"):  # priority queue: already ordered by (priority, arrival)
             queue.add_request(request)
             return
-        idx = len(queue)
-        while idx > 0 and queue[idx - 1].arrival_time > request.arrival_time:
-            idx -= 1
-        queue.insert(idx, request)
+        queue.insert(arrival_index(queue, request.arrival_time), request)
 
     # ------------------------------------------------------------------ the step being built
     def step_view(self) -> StepView:
-        """Blocks the next step needs: running requests first, then the first waiting request that is
-        ready (vLLM's own order), within the step's token budget."""
+        """The step vLLM is about to build (`intercept/step.py` has the rule), over its own queues."""
         s = self.s
-        budget = s.max_num_scheduled_tokens
-        need = ahead = 0
-        for req in s.running:
-            todo = max(req.num_tokens_with_spec - req.num_computed_tokens, 0)
-            n = min(todo, budget)
-            budget -= n
-            need += self._new_blocks(req, n)
-            ahead += self._new_blocks(req, todo)
-        head: Request | None = None
-        for queue in (s.kv_holding_waiting, s.waiting):
-            head = next((r for r in queue if r.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED)), None)
-            if head is not None:
-                break
-        head_blocks = 0
-        if head is not None:
-            todo = min(head.num_tokens, s.max_model_len) - head.num_computed_tokens
-            ahead += self._new_blocks(head, todo)
-            if budget > 0:
-                # vLLM admits a waiting request only when its whole sequence fits (its
-                # `scheduler_reserve_full_isl`, on by default), not just this step's chunk.
-                head_blocks = self._new_blocks(head, todo if s.scheduler_reserve_full_isl else min(todo, budget))
-        return StepView(
-            blocks_needed=need + head_blocks,
-            head_waiting=head.request_id if head is not None else None,
-            head_blocks=head_blocks,
-            running_requests=len(s.running),
-            running_tokens=sum(r.num_computed_tokens for r in s.running),
-            blocks_ahead=ahead,
-        )
+        running = (self._step_request(r, r.num_tokens_with_spec + r.num_output_placeholders) for r in s.running)
+        admissible = (self._step_request(r, r.num_tokens) for q in (s.kv_holding_waiting, s.waiting) for r in q
+                      if r.status in _READY)
+        return step_view(running, admissible, StepLimits(
+            token_budget=s.max_num_scheduled_tokens, block_size=s.block_size, max_model_len=s.max_model_len,
+            reserve_full_isl=s.scheduler_reserve_full_isl, lookahead_tokens=s.num_lookahead_tokens))
 
-    def _new_blocks(self, req: Request, n_tokens: int) -> int:
+    def _step_request(self, req: Request, num_tokens: int) -> StepRequest:
         held = len(self.request_blocks(req.request_id))
-        return max(0, math.ceil((req.num_computed_tokens + n_tokens) / self.s.block_size) - held)
+        return StepRequest(req.request_id, req.num_computed_tokens, num_tokens, held)
 
     def request_blocks(self, request_id: str) -> list[int]:
         ids: list[int] = []
@@ -126,3 +122,30 @@ class VllmPort:
     def resident_tokens(self) -> int:
         pool = self.s.kv_cache_manager.block_pool
         return (pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()) * self.s.block_size
+
+
+# ====================================================================== outside the scheduler
+async def call_utility_on_rank(client: Any, rank: int, method: str, *args: Any) -> Any:
+    """An engine-core utility call on one data-parallel rank of an `AsyncLLM.engine_core` client."""
+    return await client._call_utility_async(method, *args, engine=client.core_engines[rank])
+
+
+def compile_grammar(manager: Any, request: Request) -> Any:
+    """The request's grammar, compiled now by the scheduler's `structured_output_manager` (whose public
+    `grammar_init` may compile it on a thread pool instead)."""
+    return manager._create_grammar(request)
+
+
+def connector_metadata(connector: Any) -> Any:
+    """The metadata vLLM bound to this KV connector for the step (only while one is bound)."""
+    return connector._get_connector_metadata()
+
+
+def runner_sampling(cls: type) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """A model runner class's `_sample` and `_bookkeeping_sync` methods."""
+    return cls._sample, cls._bookkeeping_sync  # type: ignore[attr-defined]
+
+
+def set_runner_sampling(cls: type, sample: Callable[..., Any], bookkeeping_sync: Callable[..., Any]) -> None:
+    """Replace them (wrappers that call the originals, with the same signatures)."""
+    cls._sample, cls._bookkeeping_sync = sample, bookkeeping_sync  # type: ignore[attr-defined]

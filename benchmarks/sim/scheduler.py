@@ -1,6 +1,7 @@
 """vLLM V1's scheduler, as `vllm/v1/core/sched/scheduler.py` (0.32) builds a step, over the simulated
 KV pool; and the `KvPort` the intercept core reaches the pool through (as `engine_adapter/vllm_port.py`
-does in the engine).
+does in the engine). The step the core sees and the admission rule are the engine's own
+(`engine_adapter/intercept/step.py`), over the simulator's queues.
 
 One step (`schedule`):
 1. running requests in order, each as many tokens as it still needs (one, when decoding) within the
@@ -10,7 +11,8 @@ One step (`schedule`):
 2. if nobody was preempted, waiting requests: first those holding KV (paused sessions resumed in
    place, finished swap-ins) in their queue's order, then the waiting queue (first come, first
    served), while a running slot is free (paused requests holding their KV hold a slot too); a
-   request is admitted only if its whole context fits in the free blocks, computes what fits in the
+   request is admitted only if its whole context fits in the free blocks (`reserve_full_isl`, vLLM's
+   `scheduler_reserve_full_isl`, on by default; off: only this step's chunk), computes what fits in the
    budget (chunked prefill), and gets its prefix-cache hits or, through the intercept core's KV
    lookup, its swap-in: a held-back one is skipped, an armed one gets its blocks and waits for its
    copies (`LOADING`); the first one that does not fit stops the loop.
@@ -19,6 +21,7 @@ One step (`schedule`):
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +31,7 @@ from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.request import SimRequest, Status
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
+from engine_adapter.intercept.step import StepLimits, StepRequest, admission, arrival_index, step_view
 
 KEY_STRIDE = 1 << 20  # prefix-cache key = request serial * stride + block index
 
@@ -41,9 +45,11 @@ class Scheduled:
 
 
 class SimScheduler:
-    def __init__(self, pool: BlockPool, *, max_num_seqs: int, max_model_len: int, token_budget: int) -> None:
+    def __init__(self, pool: BlockPool, *, max_num_seqs: int, max_model_len: int, token_budget: int,
+                 reserve_full_isl: bool = True) -> None:
         self.pool, self.bs = pool, pool.block_size
         self.max_num_seqs, self.max_model_len = max_num_seqs, max_model_len
+        self.reserve_full_isl = reserve_full_isl  # vLLM's `scheduler_reserve_full_isl` (its default, the engine's)
         self.default_budget = self.max_num_scheduled_tokens = token_budget
         self.core: Any = None  # the intercept core (its KV lookup is the connector's)
         self.requests: dict[str, SimRequest] = {}
@@ -105,11 +111,7 @@ class SimScheduler:
     def requeue_by_arrival(self, r: SimRequest) -> None:
         """Resumed without KV on the device: into the waiting queue at its arrival time's place."""
         r.status, r.num_computed = Status.WAITING, 0
-        q = self.waiting
-        i = len(q)
-        while i > 0 and q[i - 1].arrival_time > r.arrival_time:
-            i -= 1
-        q.insert(i, r)
+        self.waiting.insert(arrival_index(self.waiting, r.arrival_time), r)
 
     def loads_done(self, rids: list[str]) -> None:
         """Their last swap-in chunk was copied in the step that just ran: vLLM hears of it with the
@@ -142,27 +144,17 @@ class SimScheduler:
 
     # ================================================================== the step the core sees
     def step_view(self) -> StepView:
-        budget = self.max_num_scheduled_tokens
-        need = ahead = 0
-        for r in self.running:
-            todo = max(r.num_tokens - r.num_computed, 0)
-            n = min(todo, budget)
-            budget -= n
-            need += self._new_blocks(r, n)
-            ahead += self._new_blocks(r, todo)
-        head = self.kv_ready[0][1] if self.kv_ready else next(iter(self.waiting), None)
-        head_blocks = 0
-        if head is not None:
-            todo = min(head.num_tokens, self.max_model_len) - head.num_computed
-            ahead += self._new_blocks(head, todo)
-            if budget > 0:  # admitted only when its whole sequence fits, as `schedule` does
-                head_blocks = self._new_blocks(head, todo)
-        return StepView(blocks_needed=need + head_blocks, head_waiting=head.rid if head is not None else None,
-                        head_blocks=head_blocks, running_requests=len(self.running),
-                        running_tokens=sum(r.num_computed for r in self.running), blocks_ahead=ahead)
+        """The step `schedule` is about to build, by the engine's rule (`intercept/step.py`). The simulator
+        runs no speculative decoding and no async scheduling: a request's `num_tokens_with_spec` (plus
+        output placeholders) is its `num_tokens`, and no lookahead slots are allocated."""
+        running = (StepRequest(r.rid, r.num_computed, r.num_tokens, len(r.blocks)) for r in self.running)
+        admissible = (StepRequest(r.rid, r.num_computed, r.num_tokens, len(r.blocks))
+                      for r in itertools.chain((r for _, r in self.kv_ready), self.waiting))
+        return step_view(running, admissible, self._limits())
 
-    def _new_blocks(self, r: SimRequest, n: int) -> int:
-        return max(0, -(-(r.num_computed + n) // self.bs) - len(r.blocks))
+    def _limits(self) -> StepLimits:
+        return StepLimits(token_budget=self.max_num_scheduled_tokens, block_size=self.bs,
+                          max_model_len=self.max_model_len, reserve_full_isl=self.reserve_full_isl)
 
     def resident_tokens(self) -> int:
         return (self.pool.num_blocks - self.pool.num_free()) * self.bs
@@ -221,6 +213,7 @@ class SimScheduler:
 
     def _schedule_waiting(self, out: Scheduled, budget: int) -> tuple[int, tuple[int, int, int, int, int]]:
         tokens = reqs = ctx = pairs = cross = 0
+        limits = self._limits()
         skipped = 0  # held-back swap-ins at the head of the waiting queue (vLLM skips them)
         swap = self.core is not None and self.core.swap is not None
         while budget > 0:
@@ -248,13 +241,13 @@ class SimScheduler:
                     ext = found
                 computed = len(hits) * self.bs + ext
             n = 0 if load_async else min(r.num_tokens - computed, budget)
-            # Admission: the whole context must fit (scheduler_reserve_full_isl); hit blocks are free
-            # blocks too, so they count against the free pool.
-            full = -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)
-            need = -(-(computed + n) // self.bs) - len(r.blocks) - len(hits)
-            free = self.pool.num_free() - (self._reserved() if load_async else 0)
-            if max(full, need + len(hits)) > free:
+            # Admission (`intercept/step.py`): the whole context must fit when `reserve_full_isl`, the
+            # chunk beside what in-flight prefills still need when loading asynchronously; hit blocks
+            # are free blocks too, so they count against the free pool.
+            adm = admission(computed, r.num_tokens, n, len(r.blocks), limits)
+            if not adm.fits(self.pool.num_free(), self._reserved() if load_async else 0):
                 break
+            need = adm.chunk_blocks - len(hits)
             if hits:
                 self.pool.touch(hits)
                 r.blocks.extend(hits)

@@ -22,7 +22,7 @@ sys.meta_path.insert(0, Block())
 MODULES = [
     "engine_adapter.policy", "engine_adapter.policy.table", "engine_adapter.policy.decide",
     "engine_adapter.policy.waste", "engine_adapter.policy.estimator", "engine_adapter.policy.profile",
-    "engine_adapter.intercept.core", "engine_adapter.intercept.build", "engine_adapter.intercept.reports",
+    "engine_adapter.intercept.core", "engine_adapter.intercept.build", "engine_adapter.intercept.step", "engine_adapter.intercept.reports",
     "engine_adapter.hints", "engine_adapter.config",
     "augmentations.registry", "augmentations.factory", "augmentations.calculator", "augmentations.wikipedia",
     "augmentations.alfworld", "augmentations.image", "augmentations.tts", "augmentations.human",

@@ -1,0 +1,77 @@
+"""The simulator and the engine's vLLM port build the core's `StepView` with the same rule
+(`engine_adapter/intercept/step.py`): the same queues give the same view; and the simulator admits by
+vLLM's `scheduler_reserve_full_isl`, on or off."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from vllm.v1.request import RequestStatus
+
+from benchmarks.sim.pool import BlockPool
+from benchmarks.sim.request import SimRequest, Status
+from benchmarks.sim.scheduler import SimScheduler
+from engine_adapter.intercept.state import StepView
+from engine_adapter.vllm_port import VllmPort
+from tests.sim.helpers import request
+
+BS = 16
+# (id, computed, tokens, blocks held): three running (a decodes inside its 7th block, b opens an 8th, c is a
+# 200-token prompt), a session resumed in place with 30 new tokens, a 500-token prompt waiting.
+RUNNING = [("a", 100, 101, 7), ("b", 112, 113, 7), ("c", 0, 200, 0)]
+RESUMED = ("t", 300, 330, 19)
+WAITING = ("h", 0, 500, 0)
+# Budget 300: a 1 token, b 1 (1 block), c 200 (13 blocks), then t is the head: 30 tokens, 2 blocks past its 19.
+EXPECTED = StepView(blocks_needed=16, head_waiting="t", head_blocks=2, running_requests=3, running_tokens=212,
+                    blocks_ahead=16)
+
+
+def sim_request(pool: BlockPool, rid: str, computed: int, tokens: int, blocks: int, status: Status) -> SimRequest:
+    r = request(rid, tokens, [(1, None, 0)])
+    r.num_computed, r.status, r.blocks = computed, status, pool.allocate(blocks)
+    return r
+
+
+def test_the_simulator_and_the_port_see_the_same_step() -> None:
+    pool = BlockPool(64, BS, prefix_caching=False)
+    sched = SimScheduler(pool, max_num_seqs=8, max_model_len=1000, token_budget=300)
+    sched.running = [sim_request(pool, *r, Status.RUNNING) for r in RUNNING]
+    sched.resume_in_place(sim_request(pool, *RESUMED, Status.PAUSED))
+    sched.waiting = [sim_request(pool, *WAITING, Status.WAITING)]
+    assert sched.step_view() == EXPECTED
+
+    blocks: dict[str, list[Any]] = {}
+    next_id = iter(range(1, 1000))
+
+    def vllm_request(rid: str, computed: int, tokens: int, held: int, status: RequestStatus) -> SimpleNamespace:
+        blocks[rid] = [SimpleNamespace(block_id=next(next_id), is_null=False) for _ in range(held)]
+        return SimpleNamespace(request_id=rid, num_computed_tokens=computed, num_tokens=tokens,
+                               num_tokens_with_spec=tokens, num_output_placeholders=0, status=status)
+
+    paused = vllm_request("p", 50, 50, 4, RequestStatus.WAITING_FOR_STREAMING_REQ)  # skipped: not ready
+    s = SimpleNamespace(
+        running=[vllm_request(*r, RequestStatus.RUNNING) for r in RUNNING],
+        kv_holding_waiting=[paused, vllm_request(*RESUMED, RequestStatus.WAITING)],
+        waiting=[vllm_request(*WAITING, RequestStatus.WAITING)],
+        max_num_scheduled_tokens=300, block_size=BS, max_model_len=1000, scheduler_reserve_full_isl=True,
+        num_lookahead_tokens=0,
+        kv_cache_manager=SimpleNamespace(coordinator=SimpleNamespace(
+            single_type_managers=[SimpleNamespace(req_to_blocks=blocks)])))
+    assert VllmPort(s).step_view() == EXPECTED
+
+
+@pytest.mark.parametrize("reserve_full_isl", [True, False])
+def test_the_simulator_admits_a_prompt_by_reserve_full_isl(reserve_full_isl: bool) -> None:
+    # 8 free blocks; a 200-token prompt needs 13 in all, its first 32-token chunk 2.
+    pool = BlockPool(8, BS, prefix_caching=False)
+    sched = SimScheduler(pool, max_num_seqs=4, max_model_len=8192, token_budget=32, reserve_full_isl=reserve_full_isl)
+    r = request("p", 200, [(1, None, 0)])
+    sched.add(r)
+    assert sched.step_view().head_blocks == (13 if reserve_full_isl else 2)
+    out = sched.schedule()
+    if reserve_full_isl:
+        assert out.tokens == {} and pool.num_free() == 8 and sched.waiting == [r]
+    else:
+        assert out.tokens == {r: 32} and len(r.blocks) == 2 and sched.running == [r] and r.num_computed == 32
