@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from vllm.v1.request import RequestStatus
 
-from benchmarks.sim.pool import BlockPool
-from benchmarks.sim.request import SimRequest, Status
-from benchmarks.sim.scheduler import SimScheduler
+from infercept.benchmarks.sim.pool import BlockPool
+from infercept.benchmarks.sim.request import SimRequest, Status
+from infercept.benchmarks.sim.scheduler import SimScheduler
 from engine_adapter.intercept.state import StepView
 from engine_adapter.vllm_port import VllmPort
 from tests.sim.helpers import request
