@@ -52,8 +52,8 @@ def test_gateway_config_validation(tmp_path) -> None:
 
 def test_shipped_config_loads() -> None:
     from engine_adapter.config import load_engine_config
-    from infercept.cli import DEFAULT_CONFIG
+    from engine_adapter.paths import shipped_config
 
-    cfg = load_gateway_config(str(DEFAULT_CONFIG))
+    cfg = load_gateway_config(str(shipped_config("default.yaml")))
     assert set(cfg.augmentations) == {"calculator", "wikipedia", "alfworld", "image", "tts", "human"}
-    assert load_engine_config(str(DEFAULT_CONFIG)).policy == "infercept"
+    assert load_engine_config(str(shipped_config("default.yaml"))).policy == "infercept"
