@@ -227,11 +227,11 @@ def layer_block_views(kv: dict[str, torch.Tensor], num_blocks: int) -> tuple[dic
     return views, canonical
 
 
-def mem_available_bytes() -> int | None:
+def meminfo_bytes(field: str) -> int | None:
     try:
         with open("/proc/meminfo") as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         return None
@@ -260,14 +260,16 @@ def exact_pinned_above_mb(mb: int = PINNED_EXACT_ABOVE_MB) -> None:
 
 
 def allocate_host(nbytes: int, pin: bool, ranks_on_host: int = 1, available: int | None = None) -> torch.Tensor:
-    """One flat uint8 buffer of exactly `nbytes`, pinned when `pin`; checked against the host's
-    available memory (all ranks of this host together), with a clear error where it cannot be had."""
-    available = mem_available_bytes() if available is None else available
+    """One flat uint8 buffer of exactly `nbytes`, pinned when `pin`, with a clear error where it cannot be
+    had: all ranks of this host together must fit in its available memory (pinned pages are locked now),
+    or in its total memory (pageable, mapped as slots are first written)."""
+    if available is None:
+        available = meminfo_bytes("MemAvailable" if pin else "MemTotal")
     gib = 2**30
     if available is not None and nbytes * ranks_on_host > 0.9 * available:
         raise RuntimeError(
             f"swap space: {ranks_on_host} x {nbytes / gib:.2f} GiB of host buffer does not fit in the "
-            f"{available / gib:.1f} GiB of available host memory; lower swap_space_gib")
+            f"{available / gib:.1f} GiB of {'available' if pin else 'total'} host memory; lower swap_space_gib")
     if not pin:
         # Mapped by the OS as slots are first written (no cost at start for a large, mostly unused buffer).
         return torch.empty(nbytes, dtype=torch.uint8)
