@@ -322,6 +322,7 @@ class BlockCopier:
         for n, p in self.page.items():
             self.host_layer[n] = self.host[off:off + host_slots * p].view(host_slots, p)
             off += host_slots * p
+        self._ids_host = torch.empty(3 * num_blocks, dtype=torch.long, pin_memory=self.streams.pin)
         self.bytes_moved = 0
         # The last step's (copies' end, compute stream's end) in ms since bind, on CUDA; the second is None
         # where the compute stream was still busy when the copies ended.
@@ -339,6 +340,8 @@ class BlockCopier:
             for d, h in pairs:
                 if not (0 <= d < self.num_blocks and 0 <= h < self.host_slots):
                     raise IndexError(f"copy ({d}, {h}) outside {self.num_blocks} device blocks / {self.host_slots} slots")
+        if self._step is not None:
+            self.finish()  # a step bound without its barrier: end it first (its index buffer is reused)
         s = self.streams
         plans = {"out": _Plan.of(list(swap_out)), "first": _Plan.of(list(swap_out_first)), "in": _Plan.of(list(swap_in))}
         st: dict[str, Any] = {"plans": plans, "out_done": set(), "in_done": False, "idx": None}
@@ -353,7 +356,10 @@ class BlockCopier:
         for p in plans.values():
             p.offset = len(ids)
             ids += p.dev_ids
-        host_ids = torch.tensor(ids, dtype=torch.long, pin_memory=s.pin)
+        # The pinned index buffer is reused every step: the previous step's upload has finished (its
+        # barrier waited for the side stream), and no allocation (cudaHostAlloc may sync) happens here.
+        host_ids = self._ids_host[:len(ids)]
+        host_ids.copy_(torch.tensor(ids, dtype=torch.long))
 
         def upload() -> None:  # non-blocking from pinned memory: no host sync
             st["idx"] = host_ids.to(self.device, non_blocking=s.pin)
