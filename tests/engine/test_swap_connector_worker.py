@@ -106,3 +106,22 @@ def test_cuda_graphs_are_piecewise_on_a_gpu_and_off_on_a_cpu() -> None:
     assert EngineConfig().resolved_enforce_eager(cuda=False) is True
     assert EngineConfig().resolved_enforce_eager(cuda=True) is False
     assert EngineConfig(enforce_eager=True).resolved_enforce_eager(cuda=True) is True
+
+
+@pytest.mark.parametrize("timing,stall,window", [((12.0, 10.0), 0.002, [0.010]), ((5.0, None), 0.0, [])],
+                         ids=["copies-outlast-the-forward", "forward-still-running"])
+def test_cuda_steps_report_the_stall_their_events_measured(monkeypatch: pytest.MonkeyPatch, timing: tuple, stall: float,
+                                                           window: list[float]) -> None:
+    """On CUDA the copier's events give (copies' end, compute stream's end) in ms since bind: the stall is
+    the copies' end past the compute stream's, 0 where the compute stream was still busy (window unknown)."""
+    conn, kv = setup()
+    conn.register_kv_caches(kv)
+    finish = conn.copier.finish
+
+    def timed_finish() -> None:
+        finish()
+        conn.copier.stats_ms = timing
+
+    monkeypatch.setattr(conn.copier, "finish", timed_finish)
+    stats, _ = run_step(conn, SwapMeta(host_slots=6, swap_out=[(3, 0)]))
+    assert stats is not None and stats.data["stall_s"] == [pytest.approx(stall)] and stats.data["window_s"] == pytest.approx(window)
