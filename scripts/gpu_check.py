@@ -150,8 +150,8 @@ def make_kv(env: Env, layers: int, blocks: int, heads: int, head: int, dtype: to
             kernel_block: int, layout: str, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
     esize = torch.empty(0, dtype=dtype).element_size()
     nbytes = layers * blocks * heads * block_size * 2 * head * esize
-    g = torch.Generator(device="cpu").manual_seed(seed)
-    raw = torch.randint(-128, 128, (nbytes,), dtype=torch.int8, generator=g).to(env.device)
+    g = torch.Generator(device=env.device).manual_seed(seed)
+    raw = torch.randint(-128, 128, (nbytes,), dtype=torch.int8, generator=g, device=env.device)
     views = vllm_layer_views(raw, layers, blocks, heads, head, dtype, block_size, kernel_block, layout)
     return {f"layers.{i}.attn": v for i, v in enumerate(views)}, raw
 
@@ -188,12 +188,15 @@ def round_trip(env: Env, layout: str, bs: int, kb: int, dtype: torch.dtype, rate
     copier = BlockCopier(kv, blocks, host_slots=8, streams=streams)
     out = [(1, 5), (4, 0), (7, 3), (8, 4)]  # slots 3, 4, 5: one run; 0 alone
     if reused:
-        env.busy(streams, 0.1, rate)  # the compute stream runs late: unordered writes would race the gathers
+        if not env.dry:  # the side stream runs late: writes not ordered after its gathers would land first
+            with torch.cuda.stream(streams.side):
+                torch.cuda._sleep(int(0.1 * rate))
+        idx = torch.tensor([d for d, _ in out], device=env.device)  # uploaded before: the writes do not sync
         copier.begin_step(swap_out_first=out)
 
         def forward_writes() -> None:
             for t in kv.values():
-                t.unflatten(0, (blocks, -1))[[d for d, _ in out]] = 0
+                t.view(torch.uint8).unflatten(0, (blocks, -1)).index_fill_(0, idx, 0)
         env.on_compute(streams, forward_writes)
     else:
         # The paused request's last KV writes, queued on the compute stream (behind a busy kernel) just
