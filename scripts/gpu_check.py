@@ -1,7 +1,7 @@
 """The first thing to run on a GPU: does the swap connector's copy path (`engine_adapter/kv_copy.py`)
 do on CUDA what the CPU tests can only check in simulation? Needs torch only (not this project's vLLM),
-runs in well under 5 minutes, prints one table, exits 1 when a check fails (2: no CUDA and no
---dry-run was asked for... never: without CUDA it runs the dry run).
+runs in well under 5 minutes, prints one table (and writes it as JSON to $OUT/gpu_check.json when OUT
+is set), exits 1 when a check fails.
 
     python scripts/gpu_check.py             # on a GPU; about a minute on an H100/H200
     python scripts/gpu_check.py --dry-run   # the same code paths on CPU tensors and simulated streams
