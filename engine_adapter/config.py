@@ -62,6 +62,9 @@ class EngineConfig:
     pipeline_parallel_size: int = 1
     data_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # None: vLLM's choice ("mp" on one machine) | "mp" | "ray"
+    # CUDA graphs: None (auto) captures them on a GPU (piecewise with the swap connector, which keeps its
+    # per-layer hooks between the pieces) and runs eagerly on a CPU (vLLM's CPU backend has none).
+    enforce_eager: bool | None = None
 
     def __post_init__(self) -> None:
         policy_spec(self.policy)  # raises for an unknown name, listing the known ones
@@ -106,6 +109,12 @@ class EngineConfig:
     def resolved_dtype(self) -> str:
         return resolve_dtype(self.dtype)
 
+    def resolved_enforce_eager(self, cuda: bool | None = None) -> bool:
+        """Eager on a CPU, CUDA graphs on a GPU, unless `enforce_eager` says otherwise."""
+        if self.enforce_eager is not None:
+            return self.enforce_eager
+        return not (_cuda_available() if cuda is None else cuda)
+
     def core_config(self) -> dict[str, Any]:
         """The JSON-able part the scheduler in the engine core needs."""
         return {
@@ -133,18 +142,22 @@ def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
+def _cuda_available() -> bool:
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def resolve_dtype(dtype: str, cuda: bool | None = None) -> str:
     """The dtype to serve with: `auto` is bfloat16 on a GPU or a bf16-capable CPU, else float32."""
     if dtype != "auto":
         return dtype
     if cuda is None:
-        import importlib.util
-
-        cuda = False
-        if importlib.util.find_spec("torch") is not None:
-            import torch
-
-            cuda = torch.cuda.is_available()
+        cuda = _cuda_available()
     return "bfloat16" if cuda or cpu_has_native_bf16() else "float32"
 
 

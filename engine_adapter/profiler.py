@@ -66,7 +66,7 @@ def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.randn((blocks * 2, *block_shape), dtype=torch.float32).to(dtype).to(device)
-    copier = BlockCopier({"layer": dev}, {"layer": 0}, host_slots=blocks)
+    copier = BlockCopier({"layer": dev}, num_blocks=blocks * 2, host_slots=blocks)
     pairs = [(i * 2, i) for i in range(blocks)]  # every other device block: a scattered request
     nbytes = blocks * copier.block_bytes("layer")
 
@@ -74,7 +74,12 @@ def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            (copier.copy_out if to_host else copier.copy_in)("layer", pairs)
+            if to_host:
+                copier.begin_step(swap_out=pairs)
+                copier.copy_out_all()
+            else:
+                copier.begin_step(swap_in=pairs)
+                copier.copy_in()
             copier.finish()
             times.append(time.perf_counter() - t0)
         return nbytes / statistics.median(times)

@@ -9,26 +9,27 @@ Loaded by vLLM from `kv_transfer_config` (`kv_connector="InterceptSwapConnector"
   allocates its blocks and parks it in WAITING_FOR_REMOTE_KVS (`update_state_after_alloc`), and the
   core ships its blocks over as many steps as the per-step swap-in budget needs; the worker reports it
   loaded after its last chunk. `build_connector_meta` ships each step's copies.
-* worker role (next to the model runner): holds the KV tensors and the host buffer (`kv_copy.py`).
-  Swap-out of layer L is issued in `save_kv_layer(L)`, right after layer L's attention, so the copy
-  overlaps the remaining layers' compute. The core releases a context's device blocks in the step that
-  copies its last blocks, so vLLM may hand them to other requests in that very step; those copies
-  (`swap_out_first`: released blocks vLLM reallocated) must read the blocks before the forward pass
-  writes them. For such a step `build_connector_meta` asks vLLM to call `start_load_kv` before the
-  forward (`SchedulerOutput.has_sync_kv_loads`, as vLLM's HiSparse connector does), which gathers them
-  from every layer and makes the compute stream wait for those gathers only; their transfer to the host
-  overlaps the forward (`BlockCopier.copy_out_before_writes`). Swap-in chunks are issued in
-  `start_load_kv` when vLLM calls it after launching the forward, or else in `wait_for_save` (the
-  loading request does not compute in that step). `wait_for_save` is the step's barrier. A step without
-  a forward pass copies everything there. Where copies are synchronous (the CPU copier, and an emulated
-  link's wait), the worker measures what they added to the step and reports it through vLLM's connector
-  stats (`SwapStallStats`); the scheduler meters that stall instead of the core's estimate.
+* worker role (next to the model runner): holds the KV tensors and the host buffer (`kv_copy.py`:
+  one exact-size buffer, pinned on CUDA, allocated in `register_kv_caches`). `bind_connector_metadata`
+  (before vLLM launches the forward pass) fences the step's copies after the work queued so far and
+  uploads their block indices. The core releases a context's device blocks in the step that copies its
+  last blocks, so vLLM may hand them to other requests in that very step; those copies
+  (`swap_out_first`) are gathered there and the compute stream waits for the gathers only. Swap-out of
+  layer L is issued in `save_kv_layer(L)`; swap-in chunks in `start_load_kv`, which vLLM calls right
+  after launching the forward pass (the loading request does not compute in that step): both run on a
+  side stream beside the whole forward pass. `wait_for_save` is the step's barrier and issues what the
+  hooks did not (a step without a forward pass, a full CUDA graph). The worker measures what the
+  copies added to the step (CPU: their wall time, they run on the forward's cores; CUDA: the side
+  stream's end past the compute stream's, with events; an emulated link's wait) and reports it through
+  vLLM's connector stats (`SwapStallStats`); the scheduler meters that stall instead of the core's
+  estimate.
 
 vLLM 0.32 internals relied on: `KVConnectorBase_V1` (the hooks above, `request_finished`,
 `get_finished`, `get_kv_connector_stats` and `build_kv_connector_stats`; the step's stats reach the
 scheduler as `ModelRunnerOutput.kv_connector_output.kv_connector_stats`, concatenated across workers
 by `aggregate`), `KVConnectorStats`, `KVConnectorMetadata`, `KVCacheBlocks.get_block_ids()`, `KVCacheConfig.{num_blocks,
-kv_cache_groups[*].kv_cache_spec.page_size_bytes}`, and the worker's per-layer KV tensors.
+kv_cache_groups[*].kv_cache_spec.page_size_bytes, kv_cache_tensors}`, the worker's per-layer KV views
+(`[B * r, H, N, C]`, `vllm/v1/kv_cache_interface.py`), `requires_piecewise_for_cudagraph`.
 """
 
 from __future__ import annotations
@@ -109,6 +110,28 @@ def kv_block_bytes(kv_cache_config: KVCacheConfig) -> int:
     return sum(len(g.layer_names) * g.kv_cache_spec.page_size_bytes for g in kv_cache_config.kv_cache_groups)
 
 
+def check_supported(kv_cache_config: KVCacheConfig, vllm_config: Any) -> None:
+    """Refuse at start, with the reason, the KV caches the swap path cannot copy correctly (see
+    docs/gpu.md for the table). Handled, not refused: fp8 KV (copied as bytes), KV-sharing layers
+    (copied once per tensor), kernel-block splitting (the view's block axis is grouped)."""
+    groups = kv_cache_config.kv_cache_groups
+    if len(groups) != 1:
+        raise ValueError(f"swap connector: {len(groups)} KV cache groups (a hybrid model: sliding-window, "
+                         "Mamba or cross-attention layers beside full attention); only one group is supported")
+    spec = groups[0].kv_cache_spec
+    if not hasattr(spec, "num_kv_heads") or not getattr(spec, "has_layer_views", True):
+        raise ValueError(f"swap connector: KV cache spec {type(spec).__name__} has no per-layer block views")
+    if any(getattr(t, "host_resident", False) for t in kv_cache_config.kv_cache_tensors):
+        raise ValueError("swap connector: host-resident KV tensors (HiSparse) are not supported")
+    tp = vllm_config.parallel_config.tensor_parallel_size
+    if tp > 1 and (type(spec).__name__.startswith("MLA") or getattr(kv_cache_config, "kv_tp_replicas", 1) > 1):
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "swap connector: the KV cache (MLA latent) is replicated on all %d tensor-parallel ranks; every "
+            "rank swaps its own replica (host memory and PCIe traffic x%d)", tp, tp)
+
+
 class InterceptSwapConnector(KVConnectorBase_V1):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig | None = None) -> None:
         super().__init__(vllm_config, role, kv_cache_config)  # type: ignore[arg-type]
@@ -119,13 +142,10 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._kv_cfg = kv_cache_config
         self.core: InterceptCore | None = None  # scheduler role
         self.copier: BlockCopier | None = None  # worker role
-        self._saved: set[str] = set()
-        self._loaded_step = False
         self._done_loads: set[str] = set()
-        self._first_done = False
         self._step_started = time.perf_counter()
         self._stall_s: float | None = None  # this step's measured stall (worker; synchronous copies only)
-        self._window_s = 0.0  # this step's forward window (worker)
+        self._window_s: float | None = 0.0  # this step's forward window (worker)
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
@@ -151,8 +171,6 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self.core is None:
             return SwapMeta(host_slots=0)
         c = self.core.step_copies()
-        if c.swap_out_first:
-            scheduler_output.has_sync_kv_loads = True  # start_load_kv before the forward pass
         return SwapMeta(host_slots=self.host_slots, swap_out=c.swap_out, swap_out_first=c.swap_out_first,
                         swap_in=c.swap_in, loads_done=c.loads_done)
 
@@ -160,11 +178,21 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         return False, None  # the intercept core already forgot it (InterceptScheduler._free_request)
 
     # ============================================================== worker side
-    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
-        from engine_adapter.kv_copy import BlockCopier, block_dims
+    @classmethod
+    def requires_piecewise_for_cudagraph(cls, extra_config: dict[str, Any]) -> bool:
+        # The per-layer hooks issue each layer's swap-out while later layers compute; under piecewise
+        # CUDA graphs vLLM runs attention (and these hooks) eagerly between the graph pieces.
+        return True
 
-        num_blocks = self._kv_cfg.num_blocks if self._kv_cfg is not None else None
-        self.copier = BlockCopier(dict(kv_caches), block_dims(kv_caches, num_blocks), host_slots=0)
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        from engine_adapter.kv_copy import BlockCopier, env_ranks_on_host
+
+        assert self._kv_cfg is not None, "the worker's connector needs vLLM's KVCacheConfig"
+        check_supported(self._kv_cfg, self._vllm_config)
+        pc = self._vllm_config.parallel_config
+        ranks = max(env_ranks_on_host(), pc.tensor_parallel_size * pc.pipeline_parallel_size)
+        # The whole host buffer now, exactly sized (pinned on CUDA), not at the first swap.
+        self.copier = BlockCopier(dict(kv_caches), self._kv_cfg.num_blocks, self.host_slots, ranks_on_host=ranks)
 
     def _meta(self) -> SwapMeta | None:
         if not self.has_connector_metadata():
@@ -175,41 +203,30 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         return meta
 
     def bind_connector_metadata(self, connector_metadata: KVConnectorMetadata) -> None:
+        """Before the forward pass is launched: fence the copies after the work queued so far, and copy out
+        the released blocks this step's forward reuses (the compute stream waits for their gathers)."""
         super().bind_connector_metadata(connector_metadata)
-        self._saved.clear()
-        self._loaded_step = False
-        self._first_done = False
         self._step_started = time.perf_counter()
         self._stall_s = None
-        if self.copier is not None and isinstance(connector_metadata, SwapMeta) and connector_metadata.host_slots:
-            self.copier.host_slots = connector_metadata.host_slots
-
-    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._meta()
         if meta is None or self.copier is None:
             return
-        if meta.swap_out_first and not self._first_done:
-            # Called before the forward pass (the step asked for it): swap-ins wait for `wait_for_save`,
-            # off the forward's critical path.
-            self._copy_reused(meta)
-            return
-        self._load(meta)
-
-    def _copy_reused(self, meta: SwapMeta) -> None:
-        """Released blocks vLLM gave to other requests in this step: read before the forward writes them."""
-        if self._first_done or self.copier is None:
-            return
-        self._first_done = True
+        if meta.host_slots > self.copier.host_slots:
+            raise RuntimeError(f"the scheduler plans {meta.host_slots} host slots, the worker has {self.copier.host_slots}")
         with self._timed():
-            self.copier.copy_out_before_writes(meta.swap_out_first)
+            self.copier.begin_step(meta.swap_out, meta.swap_out_first, meta.swap_in)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        # vLLM calls it right after launching the forward pass: the loads run beside it.
+        meta = self._meta()
+        if meta is not None:
+            self._load(meta)
 
     def _load(self, meta: SwapMeta) -> None:
-        if self._loaded_step or self.copier is None:
+        if self.copier is None:
             return
-        self._loaded_step = True
         with self._timed():
-            for name in self.copier.kv:
-                self.copier.copy_in(name, meta.swap_in)
+            self.copier.copy_in()
         self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -217,52 +234,50 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
         meta = self._meta()
-        if meta is not None and meta.swap_out_first and not self._first_done:
-            # vLLM ran the forward before start_load_kv although the step asked otherwise: reused blocks
-            # were overwritten before their copy. Fail loudly rather than resume a corrupt context.
-            raise RuntimeError("swap-out of reused blocks was not issued before the forward pass")
-        if meta is None or not meta.swap_out or layer_name in self._saved or self.copier is None:
+        if meta is None or not meta.swap_out or self.copier is None or layer_name not in self.copier.canonical:
             return
         with self._timed():
-            self.copier.copy_out(layer_name, meta.swap_out)
-        self._saved.add(layer_name)
+            self.copier.copy_out(layer_name)
 
     def wait_for_save(self) -> None:
+        """The step's barrier: this step's copies are complete when it returns."""
         meta = self._meta()
-        if meta is not None and self.copier is not None:
-            # A step without a forward pass (or layers without the hooks) still moves everything; the
-            # swap-ins of a step whose start_load_kv ran before the forward are issued here.
-            self._copy_reused(meta)
-            for name in self.copier.kv:
-                if meta.swap_out and name not in self._saved:
-                    self.save_kv_layer(name, self.copier.kv[name], None)
-            self._load(meta)
         if self.copier is None:
             return
+        if meta is not None:
+            # Layers whose hooks did not run (a step without a forward pass, or a full CUDA graph) and the
+            # loads of a step where vLLM did not call start_load_kv: issued now (each copy once).
+            with self._timed():
+                self.copier.copy_out_all()
+            self._load(meta)
         # The forward window: what this step's copies could hide behind (the copier's own synchronous
         # work in it included, as the emulated link counts it).
         self._window_s = time.perf_counter() - self._step_started
         moved = self.copier.bytes_moved
         with self._timed() if meta is not None else nullcontext():
             self.copier.finish()
+        if self.copier.stats_ms is not None:
+            # CUDA: measured on the GPU from the bind event: the copies' end past the compute stream's (0
+            # where the compute stream was still busy; its window is then unknown).
+            copies_ms, compute_ms = self.copier.stats_ms
+            self._stall_s = max(0.0, copies_ms - compute_ms) / 1e3 if compute_ms is not None else 0.0
+            self._window_s = compute_ms / 1e3 if compute_ms is not None else None
         if self.link_bytes_per_s and moved:
             # Emulated link: this step's copies take bytes / bandwidth, overlapped with the forward
             # pass; only the part that outlasts it holds the step back.
-            self.copier.bytes_moved = 0
             left = moved / self.link_bytes_per_s - (time.perf_counter() - self._step_started)
             if left > 0:
-                with self._timed():
-                    time.sleep(left)
+                t0 = time.perf_counter()
+                time.sleep(left)
+                self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
         self.copier.bytes_moved = 0
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
-        """Adds the block's wall time to the step's measured stall, where copies are synchronous (the
-        CPU copier: they run on the cores the forward pass uses, so all of their time delays the step;
-        an emulated link's wait too). On CUDA they run on a side stream beside the forward pass, and the
-        host's time in them says nothing about what they added to the step: not measured there (the
-        intercept core estimates it from the profile's bandwidth)."""
-        if self.copier is None or self.copier.stream is not None:
+        """Adds the block's wall time to the step's measured stall where copies are synchronous (the CPU
+        copier: they run on the cores the forward pass uses, so all of their time delays the step). On
+        CUDA the copies run on a side stream and the GPU's events measure them (`wait_for_save`)."""
+        if self.copier is None or self.copier.streams.deferred:
             yield
             return
         t0 = time.perf_counter()
@@ -276,7 +291,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         if self._stall_s is None:
             return None
         stall, self._stall_s = self._stall_s, None
-        return SwapStallStats({"stall_s": [stall], "window_s": [self._window_s]})
+        return SwapStallStats({"stall_s": [stall], "window_s": [self._window_s] if self._window_s is not None else []})
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
         # Called after wait_for_save in the same step: this step's copies are complete.

