@@ -47,7 +47,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
-from engine_adapter.vllm_port import connector_metadata
+from engine_adapter.vllm_port import connector_metadata, connector_vllm_config
 
 if TYPE_CHECKING:
     import torch
@@ -188,8 +188,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         from engine_adapter.kv_copy import BlockCopier, env_ranks_on_host
 
         assert self._kv_cfg is not None, "the worker's connector needs vLLM's KVCacheConfig"
-        check_supported(self._kv_cfg, self._vllm_config)
-        pc = self._vllm_config.parallel_config
+        vllm_config = connector_vllm_config(self)
+        check_supported(self._kv_cfg, vllm_config)
+        pc = vllm_config.parallel_config
         ranks = max(env_ranks_on_host(), pc.tensor_parallel_size * pc.pipeline_parallel_size)
         # The whole host buffer now, exactly sized (pinned on CUDA), not at the first swap.
         self.copier = BlockCopier(dict(kv_caches), self._kv_cfg.num_blocks, self.host_slots, ranks_on_host=ranks)

@@ -26,6 +26,8 @@ Elsewhere (one function each, below):
   (`scheduler.py`);
 * `KVConnectorBase_V1._get_connector_metadata()`: the step's metadata bound to the connector
   (`swap_connector.py`; the base class's accessor for its subclasses);
+* `KVConnectorBase_V1._vllm_config`: the VllmConfig the connector was built with (`swap_connector.py`:
+  the worker checks the KV layout it supports and sizes the host buffer per rank);
 * `GPUModelRunner._sample(logits, spec_decode_metadata)` and `_bookkeeping_sync(...)`, inherited by
   `CPUModelRunner`: wrapped by the seeded-sampling fix (`vllm_plugin.py`).
 """
@@ -139,6 +141,11 @@ def compile_grammar(manager: Any, request: Request) -> Any:
 def connector_metadata(connector: Any) -> Any:
     """The metadata vLLM bound to this KV connector for the step (only while one is bound)."""
     return connector._get_connector_metadata()
+
+
+def connector_vllm_config(connector: Any) -> Any:
+    """The VllmConfig a KV connector was built with (`KVConnectorBase_V1.__init__` keeps it as `_vllm_config`)."""
+    return connector._vllm_config
 
 
 def runner_sampling(cls: type) -> tuple[Callable[..., Any], Callable[..., Any]]:

@@ -241,8 +241,7 @@ def test_copies_outside_the_cache_are_refused() -> None:
         copier.begin_step(swap_in=[(NUM_BLOCKS, 0)])
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-def test_cuda_round_trip_is_bit_exact() -> None:
+def test_cuda_round_trip_is_bit_exact(uses_gpu: None) -> None:
     kv = {n: t.cuda() for n, t in vllm_views("HND", 128, 32).items()}
     ref = {n: block(t, 1) for n, t in kv.items()}
     copier = make(None, kv)

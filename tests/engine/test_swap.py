@@ -4,6 +4,7 @@ other requests, and the swap-in restores it exactly (swap and infercept policies
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -18,10 +19,9 @@ PROMPT = (
 )
 
 
+@pytest.mark.policies("swap", "infercept")  # the policies that swap at a pause
 async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -> None:
     engine = policy_engine
-    if engine.config.policy not in ("swap", "infercept"):
-        pytest.skip("swap-capable policies only")
     prompt = engine.encode(PROMPT)
     a = engine.open_session()
     first = await run_turn(a, prompt, max_tokens=12)
@@ -71,7 +71,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     assert counts.free == counts.total and counts.host_tokens == 0, counts
 
 
-async def test_full_swap_space_falls_back_to_discard() -> None:
+async def test_full_swap_space_falls_back_to_discard(uses_engine: None) -> None:
     # Room for exactly two blocks on the host (block_size 32, 1 KiB of KV per token, tiny model).
     two_blocks_gib = 2 * 32 * 1024 / 2**30
     engine = InterceptEngine(tiny_config("swap", swap_space_gib=two_blocks_gib))
@@ -99,7 +99,7 @@ async def test_full_swap_space_falls_back_to_discard() -> None:
         await engine.shutdown()
 
 
-async def test_swap_in_spans_steps_under_a_small_budget(tmp_path) -> None:
+async def test_swap_in_spans_steps_under_a_small_budget(tmp_path: Path, uses_engine: None) -> None:
     # A profile whose swap link needs 40 ms per 32-token block against 10 ms iterations: N_i is a
     # fraction of a block (even if the engine's online refinement stretches T_fwd a few times), so
     # every step moves the one-block minimum and a context comes back over several steps.

@@ -23,6 +23,10 @@ ALLOWED = {
     ("augmentations/bark_tts.py", "_core"),  # numpy._core.multiarray.scalar (NumPy 2), checkpoint_globals
     ("augmentations/workers.py", "_processes"),  # ProcessPoolExecutor's processes, pool_processes
     ("infercept/serve.py", "_exit"),  # os._exit: public, documented, underscored
+    # torch's allocator settings at run time (exact_pinned_above_mb: no public setter after start)
+    ("engine_adapter/kv_copy.py", "_C"),
+    ("engine_adapter/kv_copy.py", "_accelerator_getAllocatorSettings"),
+    ("engine_adapter/kv_copy.py", "_accelerator_setAllocatorSettings"),
 }
 
 
