@@ -35,6 +35,7 @@ kv_cache_groups[*].kv_cache_spec.page_size_bytes, kv_cache_tensors}`, the worker
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -121,6 +122,11 @@ def check_supported(kv_cache_config: KVCacheConfig, vllm_config: Any) -> None:
     spec = groups[0].kv_cache_spec
     if not hasattr(spec, "num_kv_heads") or not getattr(spec, "has_layer_views", True):
         raise ValueError(f"swap connector: KV cache spec {type(spec).__name__} has no per-layer block views")
+    if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        # vLLM zeroes newly allocated blocks on the compute stream before the step's bind; a block released
+        # by a swap-out and reused in the same step would then be gathered after its zeroing.
+        raise ValueError("swap connector: KV caches whose new blocks vLLM zeroes (Mamba layers, mixed-precision "
+                         "caches) are not supported")
     if any(getattr(t, "host_resident", False) for t in kv_cache_config.kv_cache_tensors):
         raise ValueError("swap connector: host-resident KV tensors (HiSparse) are not supported")
     tp = vllm_config.parallel_config.tensor_parallel_size
@@ -146,6 +152,9 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         self._step_started = time.perf_counter()
         self._stall_s: float | None = None  # this step's measured stall (worker; synchronous copies only)
         self._window_s: float | None = 0.0  # this step's forward window (worker)
+        # Steps whose barrier ran but whose stall was not yet reported, oldest first: vLLM asks for the stats
+        # after the barrier, except where it defers the barrier (speculative decoding), which asks before it.
+        self._unreported: deque[tuple[float, float | None]] = deque()
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats | None:
@@ -228,7 +237,6 @@ class InterceptSwapConnector(KVConnectorBase_V1):
             return
         with self._timed():
             self.copier.copy_in()
-        self._done_loads.update(meta.loads_done)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         return  # loads are asynchronous: the loading request does not compute in this step
@@ -272,6 +280,12 @@ class InterceptSwapConnector(KVConnectorBase_V1):
                 time.sleep(left)
                 self._stall_s = (self._stall_s or 0.0) + time.perf_counter() - t0
         self.copier.bytes_moved = 0
+        if meta is not None:
+            # Reported by get_finished only now that their copies are complete (vLLM may ask before the barrier).
+            self._done_loads.update(meta.loads_done)
+        if self._stall_s is not None:
+            self._unreported.append((self._stall_s, self._window_s))
+            self._stall_s = None
 
     @contextmanager
     def _timed(self) -> Iterator[None]:
@@ -289,12 +303,15 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         # Worker: called after wait_for_save, once per step. Scheduler: nothing of its own to add.
-        if self._stall_s is None:
+        # One step per report (a report's list holds one entry per worker, reduced by the slowest); a step
+        # whose stats were asked for before its barrier is reported at the next ask.
+        if not self._unreported:
             return None
-        stall, self._stall_s = self._stall_s, None
-        return SwapStallStats({"stall_s": [stall], "window_s": [self._window_s] if self._window_s is not None else []})
+        stall, window = self._unreported.popleft()
+        return SwapStallStats({"stall_s": [stall], "window_s": [window] if window is not None else []})
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
-        # Called after wait_for_save in the same step: this step's copies are complete.
+        # The loads whose copies completed at a barrier that has run (this step's, where vLLM calls this after
+        # wait_for_save; the previous step's where it defers the barrier).
         done, self._done_loads = self._done_loads, set()
         return None, (done or None)

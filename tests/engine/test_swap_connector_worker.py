@@ -125,3 +125,28 @@ def test_cuda_steps_report_the_stall_their_events_measured(monkeypatch: pytest.M
     monkeypatch.setattr(conn.copier, "finish", timed_finish)
     stats, _ = run_step(conn, SwapMeta(host_slots=6, swap_out=[(3, 0)]))
     assert stats is not None and stats.data["stall_s"] == [pytest.approx(stall)] and stats.data["window_s"] == pytest.approx(window)
+
+
+def test_a_deferred_barrier_reports_loads_and_stalls_after_it_runs() -> None:
+    """With speculative decoding vLLM defers the barrier: it asks for finished loads and stats before
+    `wait_for_save`. A load is reported only once its barrier has run, and no step's stall is lost."""
+    conn, kv = setup()
+    conn.register_kv_caches(kv)
+    ref = {n: t[[3]].clone() for n, t in kv.items()}
+    run_step(conn, SwapMeta(host_slots=6, swap_out=[(3, 0)]))
+    for t in kv.values():
+        t.zero_()
+
+    conn.bind_connector_metadata(SwapMeta(host_slots=6, swap_in=[(5, 0)], loads_done=["r1"]))
+    conn.start_load_kv(None)
+    assert conn.get_finished(set()) == (None, None)  # asked before the barrier: not yet
+    early = conn.get_kv_connector_stats()
+    conn.wait_for_save()  # the deferred barrier (vLLM's finalize), metadata still bound
+    conn.clear_connector_metadata()
+    stats, loaded = run_step(conn, SwapMeta(host_slots=6))  # the next step reports what the barrier completed
+    assert loaded == {"r1"}
+    for n, t in kv.items():
+        assert torch.equal(t[[5]], ref[n])
+    reported = [s for s in (early, stats) if s is not None]
+    assert len(reported) == 1 and reported[0].data["stall_s"][0] >= 0  # the load step's stall, once
+    assert conn.get_kv_connector_stats() is None
