@@ -68,17 +68,27 @@ class Setting:
     # The tiny model's profile measured on the bench machine (T_fwd grid, S, M): infercept's equations use it.
     profile: str | None = str(configs_dir() / "profiles" / "tiny-cpu-bench.json")
     unlimited_kv_tokens: int = 0  # the bound's KV: enough for every request's context at once (set by the runner)
+    # The bound's running slots: one for every session of the busiest workload (set by the runner). vLLM
+    # counts paused sessions against max_num_seqs, so a preserve-everything engine with the others' slots
+    # stops admitting new requests once they all hold KV: a bound that bounds needs a slot per session.
+    unlimited_kv_slots: int = 0
     kv_bytes_per_token: int = 1024  # M of the model (the profile's): sizes the KV memory vLLM reserves
 
     def engine_config(self, v: Variant, token_budget: int | None) -> Any:
         from engine_adapter.config import EngineConfig
 
         tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
+        slots = max(self.max_num_seqs, self.unlimited_kv_slots) if v.unlimited_kv else self.max_num_seqs
+        if token_budget is not None and slots > token_budget:
+            # vLLM refuses max_num_seqs above max_num_batched_tokens: say so in the benchmark's terms.
+            raise ValueError(f"{v.label}: {slots} running slots (one per session) exceed the token budget of {token_budget} "
+                             "tokens, which vLLM does not allow: fewer sessions per run (rate x duration) or a larger budget")
         return EngineConfig(
             model=self.model, policy=v.policy, dtype=self.dtype, block_size=self.block_size,
             num_kv_blocks=-(-tokens // self.block_size) + 1,  # + vLLM's null block, which holds no KV
             max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs, max_num_batched_tokens=token_budget, swap_space_gib=self.swap_space_gib,
+            max_num_seqs=slots,
+            max_num_batched_tokens=token_budget, swap_space_gib=self.swap_space_gib,
             swap_link_gbps=self.swap_link_gbps, estimator=v.estimator or "prior",
             kv_cache_gib=max(1.0, math.ceil(tokens * self.kv_bytes_per_token * 1.1 / 2**30)),
             augmentation_priors=self.priors_path, profile=self.profile if self.model == "tiny" else None,
@@ -167,6 +177,7 @@ class EngineRun:
     async def info(self) -> dict[str, Any]:
         st = await self.engine.stats()
         return {"policy": st.policy, "token_budget": st.token_budget, "kv_blocks": st.blocks.total,
+                "max_num_seqs": self.engine.config.max_num_seqs,
                 "block_size": st.block_size, "profile": st.profile.source, "saturation_tokens": st.profile.saturation_tokens}
 
     async def run(self, reqs: list[Request], rate: float) -> dict[str, Any]:

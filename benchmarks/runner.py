@@ -145,6 +145,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
     workloads = make_workloads(plan)
     # The bound's KV holds every request of the busiest workload at its largest context at once.
     s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in workloads.values())
+    s.unlimited_kv_slots = max(len(reqs) for reqs in workloads.values())  # and a running slot for each of them
     labels = list(plan.labels)
     ablation = [label for _, label in ABLATION] if plan.ablation else []
     tuned = [label for label in labels if label in BASELINES] if plan.tune else []

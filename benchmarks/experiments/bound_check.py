@@ -35,6 +35,7 @@ async def run(label: str, seed: int, rate: float, out: Path, token_budget: int =
                 tune=False, ablation=False, slo_factor=5.0, setting=s, out=tmp, command="")
     wl = make_workloads(plan)
     s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in wl.values())
+    s.unlimited_kv_slots = max(len(reqs) for reqs in wl.values())
     async with EngineRun(VARIANTS[label], s, token_budget) as er:
         res = await er.run(wl[(seed, rate)], rate)
     print(label, seed, rate, f"median nl {res['normalized_latency_s']['median']:.4f}", res["completed"], "/", res["requests"])

@@ -45,6 +45,7 @@ def sweep(bench: SimBench, labels: Sequence[str], rates: Sequence[float], durati
         # (the runner's rule; set here when the setting does not say, grown if a later seed needs more).
         need = max((sum(context_tokens(r) for r in reqs) for reqs in w.values()), default=0)
         s.unlimited_kv_tokens = max(s.unlimited_kv_tokens, need)
+        s.unlimited_kv_slots = max([s.unlimited_kv_slots, *(len(reqs) for reqs in w.values())])
         if calib is None:
             eng = bench.engine(BOUND, token_budget=bench.budget(None))
             calib = unloaded_latency(eng, bench, BOUND, w[min(rates)])

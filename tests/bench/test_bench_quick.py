@@ -36,6 +36,10 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     budget = d["setting"]["profile_data"]["saturation_tokens"]
     assert d["token_budget"] == {p: budget for p in policies} and d["baselines_tuned"] is False
     assert d["engines"]["unlimited-kv"]["kv_blocks"] * 32 >= d["setting"]["unlimited_kv_tokens"] > d["setting"]["kv_tokens"]
+    # ... and a running slot for every session of the busiest workload (the others keep the setting's).
+    assert d["setting"]["unlimited_kv_slots"] == max(d["requests_per_rate"].values())
+    assert d["engines"]["unlimited-kv"]["max_num_seqs"] == max(d["setting"]["max_num_seqs"], d["setting"]["unlimited_kv_slots"])
+    assert d["engines"]["discard"]["max_num_seqs"] == d["setting"]["max_num_seqs"]
     assert d["slo"]["reference"].startswith("unlimited-kv engine")
     # Measured before the first policy and after the last; the SLO rests on the faster of the two.
     refs = d["slo"]["reference_runs"]

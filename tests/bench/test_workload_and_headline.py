@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 from infercept.benchmarks.metrics import BOUND, Outcome, Turn, bound_violations, headline, max_rate_at_slo, summarize, turn_timing
-from infercept.benchmarks.replay import ABLATION, VARIANTS
+from infercept.benchmarks.replay import ABLATION, VARIANTS, Setting
 from infercept.benchmarks.workload import ShareGPT, generate, load_table1
 
 
@@ -124,3 +124,30 @@ def test_variants_cover_every_policy_the_bound_and_the_ablation() -> None:
     assert VARIANTS["unlimited-kv"].policy == "preserve" and VARIANTS["unlimited-kv"].unlimited_kv
     assert [label for _, label in ABLATION] == ["improved-discard", "chunked-discard", "swap", "swap-heuristic",
                                                 "infercept-paper", "infercept"]
+
+
+def test_the_bound_gets_kv_and_a_running_slot_for_every_session_and_the_others_do_not() -> None:
+    # vLLM counts paused sessions against max_num_seqs: a preserve-everything engine with 64 slots stops
+    # admitting once 64 sessions hold KV, so the bound gets a slot per session of the busiest workload.
+    s = Setting(kv_tokens=4096, max_num_seqs=64, unlimited_kv_tokens=100_000, unlimited_kv_slots=300)
+    bound = s.engine_config(VARIANTS[BOUND], 512)
+    assert bound.max_num_seqs == 300 and (bound.num_kv_blocks - 1) * s.block_size >= 100_000
+    for label in ("discard", "vllm-apc", "ttl", "infercept", "preserve"):
+        cfg = s.engine_config(VARIANTS[label], 512)
+        assert cfg.max_num_seqs == 64 and (cfg.num_kv_blocks - 1) * s.block_size == 4096, label
+    # Never fewer than the others get.
+    assert Setting(max_num_seqs=64, unlimited_kv_slots=10).engine_config(VARIANTS[BOUND], 512).max_num_seqs == 64
+    # vLLM needs max_num_batched_tokens >= max_num_seqs: more sessions than the bound's budget is a clear error.
+    with pytest.raises(ValueError, match="600 running slots .* exceed the token budget of 512"):
+        Setting(unlimited_kv_slots=600).engine_config(VARIANTS[BOUND], 512)
+
+
+def test_the_simulated_sweep_gives_the_bound_a_slot_per_session(tmp_path) -> None:
+    from infercept.benchmarks.sim.sweep import sweep
+    from tests.sim.helpers import toy_bench
+
+    bench = toy_bench(tmp_path, max_num_seqs=4)
+    res = sweep(bench, [BOUND, "discard"], [4.0], 5.0, [1], verbose=False)
+    sessions = max(res["requests_per_rate"].values())
+    assert sessions > 4 and bench.setting.unlimited_kv_slots == sessions
+    assert bench.engine(BOUND).sched.max_num_seqs == sessions and bench.engine("discard").sched.max_num_seqs == 4
