@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from types import SimpleNamespace
 from typing import Any
-from unittest.mock import MagicMock
 
 import pytest
 
@@ -18,6 +16,7 @@ from gateway.http import ApiError
 from gateway.schemas import TokenEvent
 from gateway.session_table import SessionTable
 from gateway.store import StoredSession, StoreError
+from tests.gateway.standins import stand_in_ctx
 from tests.waiting import wait_until
 
 MODEL = "tiny-model-path"
@@ -60,35 +59,8 @@ class FakeStore:
         self.rows.pop(sid, None)
 
 
-class FakeEngineSession:
-    def __init__(self, session_id: str, history: list[int] | None = None, **_: Any) -> None:
-        self.id = session_id
-        self.history = list(history or [])
-        self.context_len = len(self.history)
-        self.context_tokens = self.context_len
-        self.sampling: dict[str, Any] = {"temperature": 0.0, "seed": None}
-        self.closed = False
-
-    def context_since(self, start: int) -> list[int]:
-        return []
-
-    async def close(self) -> None:
-        self.closed = True
-
-
 def fake_ctx() -> Any:
-    engine = SimpleNamespace(model_path=MODEL, opened=[])
-
-    def open_session(session_id: str, **kw: Any) -> FakeEngineSession:
-        es = FakeEngineSession(session_id, **kw)
-        engine.opened.append(es)
-        return es
-
-    engine.open_session = open_session
-    registry = MagicMock()
-    registry.hints.return_value = {}
-    registry.__contains__.return_value = True
-    return SimpleNamespace(engine=engine, registry=registry, metrics=MagicMock(), limits=SimpleNamespace(sse_ping_s=None))
+    return stand_in_ctx(MODEL)
 
 
 async def open_one(table: SessionTable, ctx: Any) -> AgentSession:

@@ -5,14 +5,11 @@ that says so and left stored; what this code writes reads back the same."""
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import shutil
 import sqlite3
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
-from unittest.mock import MagicMock
 
 import pytest
 
@@ -20,39 +17,10 @@ from gateway.agent import AgentSession
 from gateway.durable import FORMAT_VERSION, READABLE
 from gateway.session_table import SessionTable
 from gateway.store import SqliteStore
+from tests.gateway.standins import StandInEngineSession, opened_by_id, stand_in_ctx
 
 DATA = Path(__file__).resolve().parent / "data"
 EXPECTED = json.loads((DATA / "store_v1.expected.json").read_text())
-
-
-class StandInEngineSession:
-    """An engine session that only records what it was opened with (the stored context tokens)."""
-
-    def __init__(self, session_id: str, history: list[int] | None = None, **kw: Any) -> None:
-        self.id, self.history = session_id, list(history or [])
-        self.context_len = self.context_tokens = len(self.history)
-        self.sampling: dict[str, Any] = {"temperature": kw.get("temperature", 0.0), "seed": kw.get("seed")}
-        self.opened_with = {k: ({n: dataclasses.asdict(h) for n, h in v.items()} if k == "tools" else v) for k, v in kw.items()}
-
-    def context_since(self, start: int) -> list[int]:
-        return self.history[start:]
-
-    async def close(self) -> None:
-        pass
-
-
-def stand_in_ctx(model_path: str) -> Any:
-    engine = SimpleNamespace(model_path=model_path, opened={})
-
-    def open_session(session_id: str, **kw: Any) -> StandInEngineSession:
-        es = engine.opened[session_id] = StandInEngineSession(session_id, **kw)
-        return es
-
-    engine.open_session = open_session
-    registry = MagicMock()
-    registry.hints.return_value = {}
-    registry.__contains__.return_value = True
-    return SimpleNamespace(engine=engine, registry=registry, metrics=MagicMock(), limits=SimpleNamespace(sse_ping_s=None))
 
 
 def as_read(s: AgentSession, es: StandInEngineSession) -> dict[str, Any]:
@@ -98,7 +66,7 @@ async def test_a_format_1_database_is_read_back_exactly(v1_copy: Path) -> None:
     try:
         assert table.skipped == 0 and set(table.live) == set(EXPECTED["sessions"])
         for sid, want in EXPECTED["sessions"].items():
-            assert as_read(table.live[sid], ctx.engine.opened[sid]) == want, EXPECTED["roles"][sid]
+            assert as_read(table.live[sid], opened_by_id(ctx)[sid]) == want, EXPECTED["roles"][sid]
         roles = {role: table.live[sid] for sid, role in EXPECTED["roles"].items()}
         # What the data holds, spelled out: a finished turn with a tool call and its intercept, two pending
         # calls (a human's answer, a client's result), and a turn cut off mid-generation.
@@ -118,7 +86,7 @@ async def test_a_format_1_database_is_read_back_exactly(v1_copy: Path) -> None:
 async def test_what_this_code_writes_reads_back_the_same(v1_copy: Path) -> None:
     table, ctx, store = await restore(v1_copy)  # restoring commits (the interrupted turn's marks)
     try:
-        first = {sid: as_read(s, ctx.engine.opened[sid]) for sid, s in table.live.items()}
+        first = {sid: as_read(s, opened_by_id(ctx)[sid]) for sid, s in table.live.items()}
         for s in table.live.values():
             s.touch()
             await s.commit()
@@ -127,7 +95,7 @@ async def test_what_this_code_writes_reads_back_the_same(v1_copy: Path) -> None:
     again, ctx2, store2 = await restore(v1_copy)
     try:
         for sid, s in again.live.items():
-            got = as_read(s, ctx2.engine.opened[sid])
+            got = as_read(s, opened_by_id(ctx2)[sid])
             assert got.pop("announce_restore") == first[sid].pop("announce_restore")
             assert got == first[sid]
         stored = await store2.get(next(iter(again.live)))
