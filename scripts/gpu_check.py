@@ -328,30 +328,31 @@ def check_pinned_and_bandwidth(c: Check, env: Env) -> None:
               f"pinned +{got / 2**20:.1f} MiB", f"{want / 2**20:.1f} MiB within {HOST_STATS_TOLERANCE:.0%}")
     # Scattered device blocks, slots in runs of 8 (a fragmented host buffer).
     out = [(3 * i % blocks, (i // 8) * 8 + (i * 5) % 8) for i in range(slots)]
-    times = []
-    for i in range(10):
-        env.sync(streams)
-        t0 = time.perf_counter()
-        copier.begin_step(swap_out=out)
-        copier.copy_out_all()
-        copier.finish()
-        env.sync(streams)
-        times.append(time.perf_counter() - t0)
+
+    def timed_steps(n: int, direction: str) -> list[float]:
+        """Wall time of `n` steps that copy every block of `out` out (or in), each to its barrier."""
+        ts = []
+        for _ in range(n):
+            env.sync(streams)
+            t0 = time.perf_counter()
+            if direction == "out":
+                copier.begin_step(swap_out=out)
+                copier.copy_out_all()
+            else:
+                copier.begin_step(swap_in=out)
+                copier.copy_in()
+            copier.finish()
+            env.sync(streams)
+            ts.append(time.perf_counter() - t0)
+        return ts
+
+    times = timed_steps(10, "out")
     ok = times[0] <= 1.5 * times[-1] + 0.002
     c.row("first_copy", None if env.dry else ok, f"first {times[0] * 1e3:.1f} ms, tenth {times[-1] * 1e3:.1f} ms",
           "first <= 1.5 x tenth + 2 ms" + (" (GPU only: CPU memory is mapped at first write)" if env.dry else ""))
     moved = len(out) * layers * page
     eff_out = moved / statistics.median(times[1:])
-    t_in = []
-    for _ in range(5):
-        env.sync(streams)
-        t0 = time.perf_counter()
-        copier.begin_step(swap_in=out)
-        copier.copy_in()
-        copier.finish()
-        env.sync(streams)
-        t_in.append(time.perf_counter() - t0)
-    eff_in = moved / statistics.median(t_in)
+    eff_in = moved / statistics.median(timed_steps(5, "in"))
     raw_out, raw_in = raw_bandwidth(env, moved)
     for d, eff, raw in (("out", eff_out, raw_out), ("in", eff_in, raw_in)):
         c.row(f"bandwidth_{d}", None if env.dry else eff >= BANDWIDTH_FRACTION * raw,
