@@ -36,7 +36,7 @@ from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, bound_violations, headline
 from infercept.benchmarks.replay import ABLATION, BASELINES, REPO, VARIANTS, EngineRun, Setting
-from infercept.benchmarks.workload import PRIORS, WORKLOADS, Request, ShareGPT, generate
+from infercept.benchmarks.workload import WORKLOADS, Request, ShareGPT, generate, write_scaled_priors
 from engine_adapter.paths import configs_dir
 
 DEFAULT_POLICIES = ("discard", "vllm-apc", "preserve", "ttl", "swap", "infercept", BOUND)
@@ -131,17 +131,13 @@ async def measure_reference(plan: Plan, workloads: dict[tuple[int, float], list[
 
 
 async def bench(plan: Plan) -> dict[str, Any]:
-    import yaml
     from tqdm import tqdm
 
     s = plan.setting
     plan.out.mkdir(parents=True, exist_ok=True)
     # The engine's duration priors in the same (scaled) time as the calls it will see.
-    doc = yaml.safe_load(PRIORS.read_text())
-    for st in doc["types"].values():
-        st["duration_s"] = [x * s.time_scale for x in st["duration_s"]]
     s.priors_path = str(plan.out / "priors_scaled.yaml")
-    Path(s.priors_path).write_text(yaml.safe_dump(doc))
+    write_scaled_priors(Path(s.priors_path), s.time_scale)
     workloads = make_workloads(plan)
     # The bound's KV holds every request of the busiest workload at its largest context at once.
     s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in workloads.values())

@@ -44,6 +44,15 @@ class TypeStats:
     context_tokens: tuple[float, float]
 
 
+def write_scaled_priors(path: Path, time_scale: float) -> None:
+    """The engine's duration priors in the same (scaled) time as the calls it sees, as the runner
+    writes them before a benchmark."""
+    doc = yaml.safe_load(PRIORS.read_text())
+    for st in doc["types"].values():
+        st["duration_s"] = [x * time_scale for x in st["duration_s"]]
+    path.write_text(yaml.safe_dump(doc))
+
+
 def load_table1(path: Path = PRIORS) -> dict[str, TypeStats]:
     doc = yaml.safe_load(path.read_text())["types"]
     return {t: TypeStats(tuple(v["duration_s"]), tuple(v["calls"]), tuple(v["context_tokens"])) for t, v in doc.items()}  # type: ignore[arg-type]

@@ -15,22 +15,17 @@ import json
 import tempfile
 from pathlib import Path
 
-import yaml
-
 from infercept.benchmarks.metrics import Turn, turn_timing
 from infercept.benchmarks.replay import VARIANTS, EngineRun, Setting
 from infercept.benchmarks.runner import Plan, context_tokens, make_workloads
-from infercept.benchmarks.workload import PRIORS
+from infercept.benchmarks.workload import write_scaled_priors
 
 
 async def run(label: str, seed: int, rate: float, out: Path, token_budget: int = 512) -> None:
     s = Setting()
     tmp = Path(tempfile.mkdtemp(prefix="bound-check-"))
-    doc = yaml.safe_load(PRIORS.read_text())  # Table 1 with durations scaled, as the runner writes it
-    for st in doc["types"].values():
-        st["duration_s"] = [x * s.time_scale for x in st["duration_s"]]
     s.priors_path = str(tmp / "priors.yaml")
-    Path(s.priors_path).write_text(yaml.safe_dump(doc))
+    write_scaled_priors(Path(s.priors_path), s.time_scale)  # as the runner writes them
     plan = Plan(workload="mixed", labels=[label], rates=[4.0, 8.0, 12.0], duration_s=10.0, seeds=[seed], token_budget=token_budget,
                 tune=False, ablation=False, slo_factor=5.0, setting=s, out=tmp, command="")
     wl = make_workloads(plan)

@@ -13,14 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from infercept.benchmarks.replay import VARIANTS, Setting, Variant
 from infercept.benchmarks.sim.cost import KVSpill, make_cost
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.scheduler import SimScheduler
-from infercept.benchmarks.workload import PRIORS
+from infercept.benchmarks.workload import write_scaled_priors
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
@@ -125,15 +123,6 @@ class SimBench:
         for watch in self.on_engine:
             watch(eng)
         return eng
-
-
-def write_scaled_priors(path: Path, time_scale: float) -> None:
-    """The engine's duration priors in the same (scaled) time as the calls it sees, as the runner
-    writes them before a benchmark."""
-    doc = yaml.safe_load(PRIORS.read_text())
-    for st in doc["types"].values():
-        st["duration_s"] = [x * time_scale for x in st["duration_s"]]
-    path.write_text(yaml.safe_dump(doc))
 
 
 def load_profile(path: str | Path) -> Profile:
