@@ -228,11 +228,10 @@ class InterceptSwapConnector(KVConnectorBase_V1):
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         # vLLM calls it right after launching the forward pass: the loads run beside it.
-        meta = self._meta()
-        if meta is not None:
-            self._load(meta)
+        if self._meta() is not None:
+            self._load()
 
-    def _load(self, meta: SwapMeta) -> None:
+    def _load(self) -> None:
         if self.copier is None:
             return
         with self._timed():
@@ -258,7 +257,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
             # loads of a step where vLLM did not call start_load_kv: issued now (each copy once).
             with self._timed():
                 self.copier.copy_out_all()
-            self._load(meta)
+            self._load()
         # The forward window: what this step's copies could hide behind (the copier's own synchronous
         # work in it included, as the emulated link counts it).
         self._window_s = time.perf_counter() - self._step_started
