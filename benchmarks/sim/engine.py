@@ -28,7 +28,6 @@ from infercept.benchmarks.sim.scheduler import SimScheduler
 from engine_adapter.intercept.core import InterceptCore
 from engine_adapter.intercept.reports import check_integrity, engine_stats
 from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind
-from engine_adapter.policy.decide import ttl_for
 
 ARRIVAL, RESUME = 0, 1
 
@@ -120,7 +119,7 @@ class SimEngine:
             cands.append(self.now + self.idle_step_s)
             self.idle_steps += 1
         if core.spec.ttl:
-            cands += [e.paused_at_s + ttl_for(core.settings.ttl_s, e.aug_type) for e in preserved]
+            cands += [e.paused_at_s + e.ttl_s for e in preserved if e.ttl_s is not None]
         return min(cands) if cands else None
 
     # ================================================================== one step

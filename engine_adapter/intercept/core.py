@@ -9,6 +9,8 @@ and the engine's clock is passed in.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -28,12 +30,15 @@ from engine_adapter.intercept.swap import StepCopies, SwapPlanner
 from engine_adapter.policy.decide import (
     DecisionInput,
     PausedView,
+    continuum_ttl_s,
     demotion_order,
     ttl_expired,
+    ttl_for,
 )
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import Action, PolicySpec, pause_action
+from engine_adapter.policy.waste import waste_chunked_discard_byte_s
 
 
 class TransitionError(AssertionError):
@@ -67,6 +72,7 @@ class InterceptCore:
         self._released_now: set[int] = set()  # device blocks of swap-outs released in the step being built
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
+        self._last_running_tokens = 0  # the running batch's context at the last step (continuum's reload cost)
         # Read-only watchers (experiments, tracing): called after every change of an entry's KvState, with
         # the engine's clock where the transition has one (None for the copies the workers report). They
         # must not change the entry; the core never reads what they do.
@@ -78,11 +84,12 @@ class InterceptCore:
         if info.request_id in self.entries:
             old = self.entries[info.request_id]
             raise TransitionError(f"{info.request_id} paused twice: it is {old.state.value} since {old.record}")
-        action = pause_action(self.spec, info.aug_type, self.settings.ttl_s)
+        ttl = self._ttl_s(info) if self.spec.ttl else None
+        action = pause_action(self.spec, ttl)
         rec = self.ledger.pause(
             session_id=info.session_id, request_id=info.request_id, aug_type=info.aug_type, trigger=info.trigger,
             tool=info.tool, policy=self.spec.name, context_tokens=info.context_tokens, paused_at_s=now,
-            expected_duration_s=info.expected_duration_s, arrival_time=info.arrival_time, action=action.value,
+            expected_duration_s=info.expected_duration_s, ttl_s=ttl, arrival_time=info.arrival_time, action=action.value,
         )
         e = Entry(info.request_id, rec, KvState.PRESERVED, self._next_seq())
         self.entries[e.request_id] = e
@@ -94,6 +101,17 @@ class InterceptCore:
             self.start_swap_out(e, now)
         self._post(rec)
         return rec
+
+    def _ttl_s(self, info: PauseInfo) -> float:
+        """How long a ttl policy keeps this pause's KV: the engine's per-type table, or (continuum) the
+        time-to-live that minimizes the expected cost over the tool's observed durations."""
+        if not self.spec.ttl_online:
+            return ttl_for(self.settings.ttl_s, info.aug_type)
+        prof = self.profile
+        # The recompute the context would cost, chunked as the engine would recompute it (Eq. 4).
+        chunk = max(16, min(prof.saturation_tokens, info.context_tokens))
+        reload = waste_chunked_discard_byte_s(prof, info.context_tokens, self._last_running_tokens, chunk)
+        return continuum_ttl_s(self.estimator.samples(info.aug_type), info.context_tokens, prof.kv_bytes_per_token, reload)
 
     def free(self, e: Entry, fate: Fate, now: float) -> None:
         """Discard, expire or demote: the device blocks and the running slot go back; a copy to the
@@ -179,7 +197,7 @@ class InterceptCore:
         moment it expired, not to when it was noticed)."""
         if not self.spec.ttl:
             return
-        for rid, when in ttl_expired(self._views(KvState.PRESERVED), self.settings.ttl_s, now):
+        for rid, when in ttl_expired(self._views(KvState.PRESERVED), now):
             self.free(self.entries[rid], Fate.TTL_EXPIRED, min(now, when))
 
     def demote(self, view: StepView, now: float) -> None:
@@ -211,7 +229,10 @@ class InterceptCore:
         moving = [e for e in self.entries.values() if e.state is KvState.SWAPPING_OUT]
         coming_blocks = sum(len(self.kv.block_ids(e.request_id)) for e in moving) if may_wait else 0
         coming_slots = len(moving)
-        for rid in demotion_order(self._views(KvState.PRESERVED)):
+        # A pause whose tool declared no expected duration counts with its type's learned mean.
+        views = [v if v.expected_duration_s is not None else dataclasses.replace(v, expected_duration_s=self.estimator.mean_s(v.aug_type))
+                 for v in self._views(KvState.PRESERVED)]
+        for rid in demotion_order(views):
             free = self.kv.num_free_blocks()
             short_of_slots = wants_room and self.kv.slots_full()
             met_now = free >= reserve and not short_of_slots
@@ -255,6 +276,8 @@ class InterceptCore:
         saturation point (None: leave vLLM's)."""
         view = _Lazy(step_view)
         self.steps += 1
+        if self.spec.ttl_online:
+            self._last_running_tokens = view.get().running_tokens
         if self.swap is not None:
             self._settle(now)
         self.expire(now)
@@ -417,7 +440,8 @@ class InterceptCore:
         e.host = None
 
     def _views(self, state: KvState) -> list[PausedView]:
-        return [PausedView(e.request_id, e.aug_type, e.context_tokens, e.paused_at_s, e.expected_duration_s)
+        return [PausedView(e.request_id, e.aug_type, e.context_tokens, e.paused_at_s, e.expected_duration_s,
+                           math.inf if e.ttl_s is None else e.ttl_s)
                 for e in self.entries.values() if e.state is state]
 
     def _ordered(self, state: KvState) -> list[Entry]:

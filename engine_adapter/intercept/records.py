@@ -47,6 +47,7 @@ class InterceptRecord:
     context_tokens: int  # tokens in the KV context when the request paused
     paused_at_s: float
     expected_duration_s: float | None = None
+    ttl_s: float | None = None  # ttl policies: how long the KV is kept at most (set at the pause)
     arrival_time: float | None = None  # the request's arrival (vLLM clock) when it paused
     requeued_arrival_time: float | None = None  # what the resume was queued with (FCFS order)
     action: str = "preserve"  # the policy's choice at the pause (policy.table.Action value)

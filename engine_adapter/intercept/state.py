@@ -80,6 +80,10 @@ class Entry:
         return self.record.expected_duration_s
 
     @property
+    def ttl_s(self) -> float | None:
+        return self.record.ttl_s
+
+    @property
     def paused_at_s(self) -> float:
         return self.record.paused_at_s
 

@@ -3,7 +3,8 @@ shared by the engine's intercept core and the simulator.
 
 * `demotion_order`: which preserved KV to give back first when running work needs the room (every
   policy: a paused request never blocks a running or resuming one).
-* `ttl_expired`: which preserved KV has outlived its type's time-to-live (the `ttl` policy).
+* `ttl_expired`: which preserved KV has outlived its time-to-live (the `ttl` and `continuum` policies);
+* `continuum_ttl_s`: Continuum's time-to-live for one pause, from the tool's observed durations.
 * `min_waste`: the paper's per-iteration choice (Eq. 2, 4, 5): swap out the paused requests that would
   waste the most within the swap-out budget, preserve or discard the rest, whichever wastes less.
 * `min_waste_deferred`: the same, but a request that only missed this iteration's swap budget waits
@@ -12,6 +13,7 @@ shared by the engine's intercept core and the simulator.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,7 @@ class PausedView:
     context_tokens: int
     paused_at_s: float  # engine clock (monotonic seconds)
     expected_duration_s: float | None
+    ttl_s: float = math.inf  # kept at most this long (ttl policies: set at the pause)
 
 
 def demotion_order(views: Sequence[PausedView]) -> list[str]:
@@ -55,14 +58,44 @@ def ttl_for(ttl_s: Mapping[str, float], aug_type: str) -> float:
     return float(ttl_s.get(aug_type, ttl_s.get("default", math.inf)))
 
 
-def ttl_expired(views: Sequence[PausedView], ttl_s: Mapping[str, float], now_s: float) -> list[tuple[str, float]]:
+def ttl_expired(views: Sequence[PausedView], now_s: float) -> list[tuple[str, float]]:
     """(request id, the moment its TTL ran out) for every view whose TTL ran out by `now_s`."""
     out = []
     for v in views:
-        expiry = v.paused_at_s + ttl_for(ttl_s, v.aug_type)
+        expiry = v.paused_at_s + v.ttl_s
         if now_s >= expiry:
             out.append((v.request_id, expiry))
     return out
+
+
+def continuum_ttl_s(durations_s: Sequence[float], context_tokens: int, kv_bytes_per_token: int, reload_byte_s: float) -> float:
+    """Continuum's time-to-live (arXiv 2511.02230), per tool and learned online: the tau that minimizes
+    the expected cost of keeping the KV at most tau over the tool's observed call durations T,
+
+        E[ M * ctx * min(T, tau) ] + P(T > tau) * reload,
+
+    the memory held while waiting against the reload (recomputation) paid when the call outlasts tau.
+    Costs in memory-time (byte-seconds), the unit of InferCept's waste equations, so that the two policies
+    weigh the same quantities; `reload_byte_s` is Eq. 4's recompute waste for this context. Over an
+    empirical distribution the cost is linear between samples, so the minimum is at 0 or a sample.
+    The paper weighs the probability that the call is back within tau against what pinning costs; its
+    released code (vllm-continuum, Jan 2026) instead keeps the KV 2 s for tools whose mean duration is
+    under 2 s and none otherwise. This is the paper's trade-off with InferCept's costs plugged in.
+    Also unlike that code, the reload cost ignores the re-queue delay: the resume keeps its program's
+    place in the queue (program-level FCFS), which is what makes that delay small."""
+    xs = sorted(x for x in durations_s if x >= 0 and math.isfinite(x))
+    if not xs:
+        return 0.0
+    n, mem = len(xs), context_tokens * kv_bytes_per_token
+    best_tau, best_cost = 0.0, reload_byte_s  # tau = 0: every call reloads
+    back_before = 0.0  # sum of the durations below tau (those calls hold their KV only that long)
+    for i, tau in enumerate(xs):
+        later = n - bisect.bisect_right(xs, tau)  # calls that outlast tau (ties return at tau)
+        cost = mem * (back_before + tau * (n - i)) / n + reload_byte_s * later / n
+        if cost < best_cost:
+            best_tau, best_cost = tau, cost
+        back_before += tau
+    return best_tau
 
 
 @dataclass(frozen=True)

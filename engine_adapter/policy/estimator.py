@@ -78,6 +78,10 @@ class DurationEstimator:
             return elapsed_s
         return sum(longer) / len(longer)
 
+    def samples(self, aug_type: str) -> list[float]:
+        """The type's duration distribution as samples: the prior's pseudo-samples and what was observed."""
+        return self._stats(aug_type).samples()
+
     def mean_s(self, aug_type: str) -> float:
         s = self._stats(aug_type).samples()
         return sum(s) / len(s)

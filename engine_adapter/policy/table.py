@@ -9,6 +9,7 @@ the README's table read the names, summaries and flags from this table.
 | vllm-apc          | freed            |                                            | new arrival (back) | on           | budget     |
 | preserve          | kept             |                                            | original arrival   | off          | budget     |
 | ttl               | kept             | freed after ttl_s[type]                    | original arrival   | off          | budget     |
+| continuum         | kept             | freed after a TTL learned per tool         | original arrival   | on           | budget     |
 | improved-discard  | freed            |                                            | original arrival   | off          | budget     |
 | chunked-discard   | freed            |                                            | original arrival   | off          | <= S       |
 | swap              | copied to host   | device copy freed once the copy is done    | original arrival   | off          | <= S       |
@@ -36,7 +37,6 @@ from engine_adapter.policy.decide import (
     min_waste,
     min_waste_deferred,
     swap_long_calls,
-    ttl_for,
 )
 
 
@@ -58,7 +58,10 @@ class PolicySpec:
     at_pause: Action
     keep_arrival_time: bool = True  # the resume keeps its place in the FCFS queue
     prefix_caching: bool = False  # freed blocks stay hittable (only today's vLLM: otherwise discards would be flattered)
-    ttl: bool = False  # preserved KV is freed once its type's time-to-live has passed
+    ttl: bool = False  # preserved KV is freed once its time-to-live has passed
+    # The time-to-live is chosen at each pause from the tool's observed durations (`continuum_ttl_s`)
+    # instead of read from the engine's per-type table (`engine.ttl_s`).
+    ttl_online: bool = False
     swap: bool = False  # needs the host buffer and the swap connector
     decide: StepDecider | None = None  # per-iteration decisions over preserved paused requests
     # Cap every iteration at the profile's saturation point S, so that recomputation (and prefill)
@@ -74,6 +77,8 @@ class PolicySpec:
             raise ValueError(f"policy {self.name}: swapping at the pause needs swap=True")
         if self.swap_under_pressure and not self.swap:
             raise ValueError(f"policy {self.name}: swapping under pressure needs swap=True")
+        if self.ttl_online and not self.ttl:
+            raise ValueError(f"policy {self.name}: an online time-to-live needs ttl=True")
         if self.swap and self.prefix_caching:
             # A swap-in maps host slot i onto the request's i-th device block (`InterceptCore.load_allocated`);
             # prefix-cache hits ahead of the loaded tokens would shift that mapping.
@@ -98,8 +103,10 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
     PolicySpec("vllm-apc", "free the KV at every pause; freed blocks stay hittable in the prefix cache (today's vLLM)",
                Action.DISCARD, keep_arrival_time=False, prefix_caching=True),
     PolicySpec("preserve", "keep the KV in the cache during every call", Action.PRESERVE),
-    PolicySpec("ttl", "keep the KV for a per-type time-to-live (engine.ttl_s), then free it (Continuum-style)",
+    PolicySpec("ttl", "keep the KV for a fixed per-type time-to-live (engine.ttl_s), then free it",
                Action.PRESERVE, ttl=True),
+    PolicySpec("continuum", "Continuum (arXiv 2511.02230): keep the KV for a per-tool time-to-live chosen at each pause from the tool's observed durations against the cost of recomputing; program-level FCFS; prefix caching on",
+               Action.PRESERVE, prefix_caching=True, ttl=True, ttl_online=True),
     # The paper's ablation (Fig. 3), each step adding one technique to the one before.
     PolicySpec("improved-discard", "free the KV at every pause; the resume recomputes it in its original queue place",
                Action.DISCARD),
@@ -124,8 +131,8 @@ def policy_spec(name: str) -> PolicySpec:
     return spec
 
 
-def pause_action(spec: PolicySpec, aug_type: str, ttl_s: Mapping[str, float]) -> Action:
+def pause_action(spec: PolicySpec, ttl_s: float | None) -> Action:
     """The action at the pause: the spec's, except that a zero time-to-live frees at once."""
-    if spec.ttl and ttl_for(ttl_s, aug_type) <= 0:
+    if spec.ttl and ttl_s is not None and ttl_s <= 0:
         return Action.DISCARD
     return spec.at_pause

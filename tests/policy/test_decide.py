@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -12,7 +13,7 @@ from engine_adapter.policy import (
     PausedView,
     policy_spec,
 )
-from engine_adapter.policy.decide import demotion_order, ttl_expired, ttl_for
+from engine_adapter.policy.decide import continuum_ttl_s, demotion_order, ttl_expired, ttl_for
 from engine_adapter.policy.table import pause_action
 
 
@@ -28,6 +29,7 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
         ("improved-discard", Action.DISCARD, True, False, False),
         ("preserve", Action.PRESERVE, True, False, False),
         ("ttl", Action.PRESERVE, True, False, False),
+        ("continuum", Action.PRESERVE, True, True, False),  # for the TTL chosen at the pause
         ("chunked-discard", Action.DISCARD, True, False, False),
         ("swap", Action.SWAP, True, False, True),
         ("swap-heuristic", Action.PRESERVE, True, False, True),  # swapped per iteration when the call is long
@@ -37,7 +39,7 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
 )
 def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool, swap: bool) -> None:
     spec = policy_spec(name)
-    assert pause_action(spec, "math", DEFAULT_TTL_S) is action
+    assert pause_action(spec, ttl_for(DEFAULT_TTL_S, "math") if spec.ttl else None) is action
     assert (spec.keep_arrival_time, spec.prefix_caching, spec.swap) == (keeps_arrival, apc, swap)
     assert spec.summary and (spec.decide is not None) == (name in ("swap-heuristic", "infercept-paper", "infercept"))
     # The ablation adds one technique per step: chunking from chunked-discard on, the paper's estimate
@@ -49,13 +51,36 @@ def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool,
 
 def test_ttl_expiry_per_type() -> None:
     ttl = {"math": 1.0, "chat": 0.0, "default": 5.0}
-    assert pause_action(policy_spec("ttl"), "chat", ttl) is Action.DISCARD  # zero TTL: nothing to keep
-    assert pause_action(policy_spec("preserve"), "chat", ttl) is Action.PRESERVE  # only the ttl policy
-    views = [view("m", "math", at=10.0), view("q", "qa", at=10.0)]
-    assert ttl_expired(views, ttl, now_s=10.5) == []
-    assert ttl_expired(views, ttl, now_s=11.0) == [("m", 11.0)]
-    assert ttl_expired(views, ttl, now_s=15.0) == [("m", 11.0), ("q", 15.0)]  # the moment each ran out
+    assert pause_action(policy_spec("ttl"), ttl_for(ttl, "chat")) is Action.DISCARD  # zero TTL: nothing to keep
+    assert pause_action(policy_spec("ttl"), ttl_for(ttl, "math")) is Action.PRESERVE
+    assert pause_action(policy_spec("preserve"), None) is Action.PRESERVE  # only the ttl policies
+    views = [dataclasses.replace(view("m", "math", at=10.0), ttl_s=ttl_for(ttl, "math")),
+             dataclasses.replace(view("q", "qa", at=10.0), ttl_s=ttl_for(ttl, "qa"))]
+    assert ttl_expired(views, now_s=10.5) == []
+    assert ttl_expired(views, now_s=11.0) == [("m", 11.0)]
+    assert ttl_expired(views, now_s=15.0) == [("m", 11.0), ("q", 15.0)]  # the moment each ran out
     assert math.isinf(ttl_for({"math": 1.0}, "tts"))
+    assert ttl_expired([view("x", at=0.0)], now_s=1e9) == []  # no TTL set: kept
+
+
+def test_continuum_ttl_trades_memory_against_reload() -> None:
+    # Calls of 1 s and 10 s, half each; 1000 tokens of 1 KiB. Keeping through the short calls costs
+    # M*ctx*(0.5*1 + 0.5*1) = 1.024e6 byte-s plus half the reloads; keeping through all costs 5.632e6.
+    mem = 1000 * 1024
+    samples = [1.0] * 5 + [10.0] * 5
+    assert continuum_ttl_s(samples, 1000, 1024, reload_byte_s=0.5 * mem) == 0.0  # reload cheap: never keep
+    assert continuum_ttl_s(samples, 1000, 1024, reload_byte_s=4.0 * mem) == 1.0  # keep through the short calls
+    assert continuum_ttl_s(samples, 1000, 1024, reload_byte_s=20.0 * mem) == 10.0  # reload dear: keep through all
+    assert continuum_ttl_s([], 1000, 1024, reload_byte_s=1e12) == 0.0  # nothing known: nothing kept
+    # The cost is the expectation over the samples at the chosen tau (brute force over a fine grid agrees).
+    xs = [0.2, 0.5, 0.9, 3.0, 7.0]
+    reload = 2.5 * mem
+
+    def cost(tau: float) -> float:
+        return sum(mem * min(x, tau) + (reload if x > tau else 0.0) for x in xs) / len(xs)
+
+    best = continuum_ttl_s(xs, 1000, 1024, reload)
+    assert all(cost(best) <= cost(t / 100) + 1e-6 for t in range(0, 1000))
 
 
 def test_demotion_order_latest_return_first() -> None:
@@ -73,7 +98,7 @@ def test_unknown_policy_and_names() -> None:
         policy_spec("lru")
     assert set(POLICY_NAMES) == set(POLICIES) == {
         "discard", "vllm-apc", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
-        "infercept-paper", "infercept"}
+        "infercept-paper", "infercept", "continuum"}
 
 
 def test_policy_table_refuses_swap_with_prefix_caching() -> None:
