@@ -85,18 +85,42 @@ def turn_timing(turns: Iterable[Turn]) -> dict[str, Any]:
             "turn_time_per_output_token_s": sum(t.total_s for t in turns) / out if out else None}
 
 
+def steady_state(outs: Sequence[Outcome], cutoff_s: float, tolerance: float = 0.25) -> dict[str, Any]:
+    """Did the run reach a steady state? Requests split into quarters by arrival; each quarter's median
+    normalized latency (unfinished requests with their lower bound). A run is steady when the last
+    quarter's median is within `tolerance` of the second's: a backlog that keeps growing (an overloaded
+    engine, or arrivals too short to fill the pipeline) shows as a rising last quarter."""
+    order = sorted(outs, key=lambda o: o.arrival_s)
+    n = len(order)
+    quarters: list[float | None] = []
+    for i in range(4):
+        part = order[i * n // 4:(i + 1) * n // 4]
+        quarters.append(pct([_latency(o, cutoff_s) for o in part if not o.error], 0.5))
+    q2, q4 = quarters[1], quarters[3]
+    steady = q2 is not None and q4 is not None and q4 <= q2 * (1 + tolerance)
+    return {"quarter_medians_s": quarters, "steady": steady, "tolerance": tolerance}
+
+
+def _latency(o: Outcome, cutoff_s: float) -> float:
+    """A request's normalized latency; one still running at the cutoff counts with a lower bound of it."""
+    nl = o.normalized_latency
+    return nl if nl is not None else (cutoff_s - o.arrival_s - o.call_s) / max(1, o.output_tokens)
+
+
 def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mapping[str, Any], wall_s: float,
               cutoff_s: float, capacity_tokens: int) -> dict[str, Any]:
     """One run's figures from its outcomes and the engine's stats before and after (as dicts).
     `capacity_tokens` is the waste shares' denominator (with `wall_s`): the same for every policy."""
     done = [o for o in outs if o.end_s is not None]
     running = [o for o in outs if o.end_s is None and not o.error]
-    nl = [x for x in (o.normalized_latency for o in done) if x is not None]
     # Requests still running at the cutoff (an overloaded engine) count with a lower bound of their
     # latency, so an overloaded run cannot look good by finishing only its easy requests.
-    nl += [(cutoff_s - o.arrival_s - o.call_s) / max(1, o.output_tokens) for o in running]
+    nl = [_latency(o, cutoff_s) for o in done + running]
     jct = [x for x in (o.jct_s for o in done) if x is not None] + [cutoff_s - o.arrival_s for o in running]
-    ttft = [o.first_token_s - o.arrival_s for o in done if o.first_token_s is not None]
+    # Time to first token of new requests; one that had none by the cutoff counts with its lower bound,
+    # so that starving new requests shows in the p99 (the SLO's second rule).
+    ttft = [(o.first_token_s if o.first_token_s is not None else cutoff_s) - o.arrival_s for o in outs if not o.error]
+    resume = [t.first_s for o in outs for t in o.turns if t.index > 0]  # a call's return to the next token
     span = (max(o.end_s for o in done) - min(o.arrival_s for o in outs)) if done else wall_s  # type: ignore[type-var]
     w0, w1 = stats0["waste"], stats1["waste"]
     waste = {k: {"token_s": w1["by_kind"][k]["token_s"] - w0["by_kind"][k]["token_s"],
@@ -109,10 +133,15 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "requests": len(outs), "completed": len(done), "failed": sum(1 for o in outs if o.error),
         "errors": sorted({o.error for o in outs if o.error})[:5],
         "normalized_latency_s": {"median": pct(nl, 0.5), "p90": pct(nl, 0.9), "mean": statistics.fmean(nl) if nl else None},
+        # Every request's normalized latency (as above), for goodput at whatever SLO the headline judges by.
+        "normalized_latency_samples_s": sorted(round(x, 6) for x in nl),
         "jct_s": {"mean": statistics.fmean(jct) if jct else None, "p90": pct(jct, 0.9)},
-        "ttft_s": {"median": pct(ttft, 0.5), "p90": pct(ttft, 0.9)},
+        "ttft_s": {"median": pct(ttft, 0.5), "p90": pct(ttft, 0.9), "p99": pct(ttft, 0.99)},
+        "resume_s": {"median": pct(resume, 0.5), "p90": pct(resume, 0.9), "p99": pct(resume, 0.99), "count": len(resume)},
+        "steady_state": steady_state(outs, cutoff_s),
         "turn_timing": turn_timing(t for o in outs for t in o.turns),
         "throughput_rps": len(done) / span if span > 0 else 0.0,
+        "span_s": span,
         "wall_s": wall_s,
         "waste": waste,
         "waste_total_token_s": sum(v["token_s"] for v in waste.values()),
@@ -138,61 +167,137 @@ def by_type(outs: Sequence[Outcome], cutoff_s: float, t0: Mapping[str, Mapping[s
     out: dict[str, dict[str, Any]] = {}
     for typ in sorted({o.aug_type for o in outs} | set(t1)):
         mine = [o for o in outs if o.aug_type == typ]
-        nl = [x for x in (o.normalized_latency for o in mine) if x is not None]
-        nl += [(cutoff_s - o.arrival_s - o.call_s) / max(1, o.output_tokens) for o in mine if o.end_s is None and not o.error]
+        nl = [_latency(o, cutoff_s) for o in mine if not o.error]
         engine = {k: v - t0.get(typ, {}).get(k, 0) for k, v in t1.get(typ, {}).items()}
         out[typ] = {"requests": len(mine), "unfinished": sum(1 for o in mine if o.end_s is None),
                     "normalized_latency_median_s": pct(nl, 0.5), **engine}
     return out
 
 
-def max_rate_at_slo(points: Sequence[tuple[float, float | None]], slo: float) -> tuple[float, bool]:
-    """Highest rate whose median normalized latency is within the SLO, interpolated linearly between
-    the last rate that meets it and the first that does not. (rate, censored): censored means every
-    rate met the SLO, so the true limit is higher than measured."""
-    points = sorted(points)
-    best = 0.0
-    prev: tuple[float, float] | None = None
-    for rate, lat in points:
-        if lat is None or lat > slo:
-            if prev is not None and lat is not None and lat > prev[1]:
-                frac = (slo - prev[1]) / (lat - prev[1])
-                return prev[0] + frac * (rate - prev[0]), False
-            return best, False
-        best, prev = rate, (rate, lat)
-    return best, True
+def meets_slo(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = None) -> bool:
+    """A run is within the SLO when its median normalized latency meets `slo_s` and, where a bound is
+    given, its new requests' p99 time to first token stays under `ttft_slo_s` (so that a policy cannot
+    pass by starving new requests while the ones it admitted run fast)."""
+    nl = run["normalized_latency_s"]["median"]
+    if nl is None or nl > slo_s:
+        return False
+    if ttft_slo_s is None:
+        return True
+    p99 = (run.get("ttft_s") or {}).get("p99")
+    return p99 is not None and p99 <= ttft_slo_s
+
+
+def knee(points: Sequence[tuple[float, bool]]) -> tuple[float, bool]:
+    """The max rate within the SLO from (rate, passed) points: the highest passing rate below the lowest
+    failing one (no interpolation: the benchmark refines the rate around the knee instead). (rate,
+    censored): censored means no rate tried failed, so the true limit is higher than measured; 0.0 when
+    even the lowest rate tried failed."""
+    failing = [r for r, ok in points if not ok]
+    ceiling = min(failing) if failing else float("inf")
+    passing = [r for r, ok in points if ok and r < ceiling]
+    return (max(passing) if passing else 0.0), not failing
+
+
+def max_rate_at_slo(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None) -> tuple[float, bool]:
+    """`knee` over one seed's runs (by rate)."""
+    return knee([(float(r["rate"]), meets_slo(r, slo_s, ttft_slo_s)) for r in runs.values()])
+
+
+def next_probe(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None, rel_tol: float) -> float | None:
+    """Bisection: the rate to try next between the knee and the lowest failing rate, or None once they
+    are within `rel_tol` of each other (or nothing failed: the knee is censored)."""
+    rate, censored = max_rate_at_slo(runs, slo_s, ttft_slo_s)
+    if censored:
+        return None
+    hi = min(float(r["rate"]) for r in runs.values() if not meets_slo(r, slo_s, ttft_slo_s))
+    if hi - rate <= rel_tol * hi:
+        return None
+    return round((rate + hi) / 2, 4)
+
+
+def goodput_rps(run: Mapping[str, Any], slo_s: float) -> float | None:
+    """Requests per second that finished within the SLO on their own (normalized latency <= slo_s)."""
+    xs = run.get("normalized_latency_samples_s")
+    span = run.get("span_s") or run.get("wall_s")
+    if xs is None or not span:
+        return None
+    return sum(1 for x in xs if x <= slo_s) / span
+
+
+def bootstrap_ratio_ci(num: Sequence[float], den: Sequence[float], *, resamples: int = 2000, seed: int = 0,
+                       level: float = 0.95) -> tuple[float, float] | None:
+    """A paired percentile bootstrap over seeds of median(num) / median(den): (low, high) at `level`.
+    With three seeds it has few distinct resamples: read it as a spread, not a precise interval."""
+    import random
+
+    if len(num) != len(den) or not num:
+        return None
+    rng, n, ratios = random.Random(seed), len(num), []
+    for _ in range(resamples):
+        idx = [rng.randrange(n) for _ in range(n)]
+        d = statistics.median(den[i] for i in idx)
+        if d > 0:
+            ratios.append(statistics.median(num[i] for i in idx) / d)
+    if len(ratios) < resamples // 2:  # the reference failed at every rate in most resamples
+        return None
+    lo, hi = pct(ratios, (1 - level) / 2), pct(ratios, 1 - (1 - level) / 2)
+    return (lo, hi) if lo is not None and hi is not None else None
 
 
 BOUND = "unlimited-kv"
-RATIO_REFS = ("discard", "vllm-apc", "ttl", BOUND)
+RATIO_REFS = ("discard", "vllm-apc", "ttl", "continuum", "vllm-offload", BOUND)  # named in every headline (None where not run)
 
 
-def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float) -> dict[str, dict[str, Any]]:
-    """Per policy: the max rate at the SLO for each seed and its median, min and max over seeds; ratios
-    to the references (median vs median); the waste share and mean JCT at the highest rate it sustained
-    (median over seeds). `runs[policy][seed][rate]` is a run summary."""
+def _ratio_key(ref: str) -> str:
+    return "bound" if ref == BOUND else ref
+
+
+def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
+             ttft_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
+    """Per policy: the max rate within the SLO (`meets_slo`) for each seed and its median, min and max over
+    seeds; at the highest rate it sustained (median over seeds): waste share, JCT mean/p90, new requests'
+    time to first token p50/p99, resume latency p50/p99, goodput, whether the run was steady; and ratios
+    to every other policy run (median vs median), with the per-seed ratios and a bootstrap interval.
+    `runs[policy][seed][rate]` is a run summary."""
     per: dict[str, dict[str, Any]] = {}
+    knees: dict[str, dict[str, float]] = {}
     for label, by_seed in runs.items():
-        rates = {seed: max_rate_at_slo([(r["rate"], r["normalized_latency_s"]["median"]) for r in by_rate.values()], slo_s)
-                 for seed, by_rate in by_seed.items()}
-        values = [r for r, _ in rates.values()]
+        rates = {str(seed): max_rate_at_slo(by_rate, slo_s, ttft_slo_s) for seed, by_rate in by_seed.items()}
+        knees[label] = {seed: r for seed, (r, _) in rates.items()}
+        values = list(knees[label].values())
         at_slo = []
         for seed, by_rate in by_seed.items():
-            passing = [r for r in by_rate.values() if (r["normalized_latency_s"]["median"] or float("inf")) <= slo_s]
-            at_slo.append(max(passing, key=lambda r: r["rate"]) if passing else min(by_rate.values(), key=lambda r: r["rate"]))
+            best = knees[label][str(seed)]
+            passing = [r for r in by_rate.values() if float(r["rate"]) == best and meets_slo(r, slo_s, ttft_slo_s)]
+            at_slo.append(passing[0] if passing else min(by_rate.values(), key=lambda r: r["rate"]))
         per[label] = {
             "max_rate_at_slo": statistics.median(values), "max_rate_min": min(values), "max_rate_max": max(values),
-            "max_rate_by_seed": {str(s): r for s, (r, _) in rates.items()},
+            "max_rate_by_seed": dict(knees[label]),
             "censored": any(c for _, c in rates.values()),
+            "rates_tried_by_seed": {str(s): sorted(float(r["rate"]) for r in by_rate.values()) for s, by_rate in by_seed.items()},
             "waste_share_at_slo_rate": _median([r["waste_share_of_capacity_time"] for r in at_slo]),
             "jct_mean_s": _median([r["jct_s"]["mean"] for r in at_slo]),
             "jct_p90_s": _median([r["jct_s"]["p90"] for r in at_slo]),
+            "ttft_p50_s": _median([(r.get("ttft_s") or {}).get("median") for r in at_slo]),
+            "ttft_p99_s": _median([(r.get("ttft_s") or {}).get("p99") for r in at_slo]),
+            "resume_p50_s": _median([(r.get("resume_s") or {}).get("median") for r in at_slo]),
+            "resume_p99_s": _median([(r.get("resume_s") or {}).get("p99") for r in at_slo]),
+            "goodput_rps": _median([goodput_rps(r, slo_s) for r in at_slo]),
+            "steady_at_slo_rate": [bool((r.get("steady_state") or {}).get("steady")) for r in at_slo],
             "unfinished_at_slo_rate": sum(r["requests"] - r["completed"] - r["failed"] for r in at_slo),
         }
     for label, h in per.items():
-        for ref in RATIO_REFS:
+        for ref in [*RATIO_REFS, *(x for x in per if x not in RATIO_REFS)]:
+            if ref == label and ref not in RATIO_REFS:
+                continue
+            key = _ratio_key(ref)
             base = per.get(ref, {}).get("max_rate_at_slo")
-            h[f"ratio_vs_{'bound' if ref == BOUND else ref}"] = h["max_rate_at_slo"] / base if base else None
+            h[f"ratio_vs_{key}"] = h["max_rate_at_slo"] / base if base else None
+            if ref not in per or ref == label:
+                continue
+            seeds = [sd for sd in knees[label] if sd in knees[ref]]
+            h[f"per_seed_ratio_vs_{key}"] = {sd: (knees[label][sd] / knees[ref][sd] if knees[ref][sd] else None) for sd in seeds}
+            h[f"ratio_ci_vs_{key}"] = bootstrap_ratio_ci([knees[label][sd] for sd in seeds], [knees[ref][sd] for sd in seeds])
     return per
 
 

@@ -6,7 +6,19 @@ import statistics
 
 import pytest
 
-from infercept.benchmarks.metrics import BOUND, Outcome, Turn, bound_violations, headline, max_rate_at_slo, summarize, turn_timing
+from infercept.benchmarks.metrics import (
+    BOUND,
+    Outcome,
+    Turn,
+    bootstrap_ratio_ci,
+    bound_violations,
+    headline,
+    knee,
+    meets_slo,
+    next_probe,
+    summarize,
+    turn_timing,
+)
 from infercept.benchmarks.replay import ABLATION, VARIANTS, Setting
 from infercept.benchmarks.workload import ShareGPT, generate, load_table1
 
@@ -46,18 +58,48 @@ def test_chatbot_prompts_come_from_sharegpt() -> None:
     assert reqs and all(r.source == "sharegpt" for r in reqs)
 
 
-def test_max_rate_at_slo_interpolates_and_flags_censoring() -> None:
-    assert max_rate_at_slo([(1, 1.0), (2, 2.0), (4, 10.0)], slo=6.0) == (3.0, False)
-    assert max_rate_at_slo([(1, 1.0), (2, 2.0)], slo=6.0) == (2, True)
-    assert max_rate_at_slo([(1, 9.0), (2, 12.0)], slo=6.0) == (0.0, False)
-    assert max_rate_at_slo([(1, 1.0), (2, None)], slo=6.0) == (1, False)
+def test_knee_is_the_highest_pass_below_the_lowest_failure() -> None:
+    assert knee([(1, True), (2, True), (4, False)]) == (2, False)
+    assert knee([(1, True), (2, True)]) == (2, True)  # censored: nothing failed
+    assert knee([(1, False), (2, False)]) == (0.0, False)
+    assert knee([(1, True), (2, False), (3, True)]) == (1, False)  # a lucky pass above a failure does not count
+    assert knee([]) == (0.0, True)
+
+
+def run(rate: float, nl: float | None, ttft_p99: float = 0.1, **extra: object) -> dict:
+    return {"rate": rate, "normalized_latency_s": {"median": nl}, "ttft_s": {"median": ttft_p99 / 2, "p99": ttft_p99},
+            "waste_share_of_capacity_time": 0.01, "jct_s": {"mean": 5.0, "p90": 9.0}, "requests": 10, "completed": 10,
+            "failed": 0, **extra}
+
+
+def test_slo_needs_latency_and_new_requests_first_token() -> None:
+    assert meets_slo(run(1, 0.04), 0.05) and not meets_slo(run(1, 0.06), 0.05) and not meets_slo(run(1, None), 0.05)
+    assert meets_slo(run(1, 0.04, ttft_p99=2.0), 0.05)  # no first-token bound given
+    assert not meets_slo(run(1, 0.04, ttft_p99=2.0), 0.05, ttft_slo_s=1.0)  # starving new requests fails
+    assert meets_slo(run(1, 0.04, ttft_p99=0.5), 0.05, ttft_slo_s=1.0)
+
+
+def test_bisection_probes_between_the_knee_and_the_first_failure() -> None:
+    runs = {"3": run(3, 0.01), "6": run(6, 0.02), "9": run(9, 0.09)}
+    assert next_probe(runs, 0.05, None, rel_tol=0.1) == 7.5
+    runs["7.5"] = run(7.5, 0.04)
+    assert next_probe(runs, 0.05, None, rel_tol=0.1) == 8.25
+    runs["8.25"] = run(8.25, 0.06)
+    assert next_probe(runs, 0.05, None, rel_tol=0.1) is None  # 7.5 vs 8.25: within 10%
+    assert next_probe({"3": run(3, 0.01)}, 0.05, None, rel_tol=0.1) is None  # censored: nothing to refine
+    assert next_probe({"3": run(3, 0.09)}, 0.05, None, rel_tol=0.1) == 1.5  # failed at the lowest: go below
+
+
+def test_bootstrap_interval_brackets_the_median_ratio() -> None:
+    lo, hi = bootstrap_ratio_ci([2.0, 2.2, 1.8], [1.0, 1.0, 1.0])  # type: ignore[misc]
+    assert 1.8 <= lo <= 2.0 <= hi <= 2.2
+    assert bootstrap_ratio_ci([1.0], [0.0]) is None  # no reference rate: no ratio
+    assert bootstrap_ratio_ci([1.0, 2.0], [1.0]) is None  # unpaired
 
 
 def test_headline_over_seeds_ratios_and_the_bound() -> None:
     def runs(*pts: tuple[float, float]) -> dict:
-        return {f"{r:g}": {"rate": r, "normalized_latency_s": {"median": m}, "waste_share_of_capacity_time": 0.01,
-                           "jct_s": {"mean": 5.0, "p90": 9.0}, "requests": 10, "completed": 10, "failed": 0}
-                for r, m in pts}
+        return {f"{r:g}": run(r, m) for r, m in pts}
 
     per = {
         "unlimited-kv": {1: runs((1, 0.01), (2, 0.012), (4, 0.02)), 2: runs((1, 0.01), (2, 0.012), (4, 0.02))},
@@ -67,18 +109,23 @@ def test_headline_over_seeds_ratios_and_the_bound() -> None:
         "infercept": {1: runs((1, 0.012), (2, 0.02), (4, 0.04)), 2: runs((1, 0.012), (2, 0.02), (4, 0.06))},
     }
     head = headline(per, slo_s=0.05)
-    # discard: seed 1 crosses between 1 (0.02) and 2 (0.08) at 1.5; seed 2 between 2 (0.04) and 4 (0.5).
-    assert head["discard"]["max_rate_by_seed"] == {"1": pytest.approx(1.5), "2": pytest.approx(2 + 2 * 0.01 / 0.46)}
-    assert head["discard"]["max_rate_min"] == pytest.approx(1.5)
-    assert head["discard"]["max_rate_at_slo"] == pytest.approx((1.5 + 2 + 2 * 0.01 / 0.46) / 2)  # median of two
-    # infercept: seed 1 meets the SLO at every rate (censored at 4); seed 2 crosses at 2 + 2 * 0.03 / 0.04.
-    assert head["infercept"]["censored"] and head["infercept"]["max_rate_at_slo"] == pytest.approx((4 + 3.5) / 2)
-    assert head["infercept"]["ratio_vs_discard"] == pytest.approx(3.75 / head["discard"]["max_rate_at_slo"])
-    assert head["infercept"]["ratio_vs_bound"] == pytest.approx(3.75 / 4)
+    assert head["discard"]["max_rate_by_seed"] == {"1": 1, "2": 2}
+    assert head["discard"]["max_rate_min"] == 1 and head["discard"]["max_rate_at_slo"] == 1.5  # median of two
+    # infercept: seed 1 meets the SLO at every rate (censored at 4); seed 2's knee is 2.
+    assert head["infercept"]["censored"] and head["infercept"]["max_rate_at_slo"] == 3
+    assert head["infercept"]["ratio_vs_discard"] == pytest.approx(3 / 1.5)
+    assert head["infercept"]["per_seed_ratio_vs_discard"] == {"1": 4.0, "2": 1.0}
+    assert head["infercept"]["ratio_vs_bound"] == pytest.approx(3 / 4)
+    lo, hi = head["infercept"]["ratio_ci_vs_discard"]
+    assert 1.0 <= lo <= hi <= 4.0
+    assert head["infercept"]["ratio_vs_continuum"] is None  # a named peer that was not run
     assert set(head["infercept"]) >= {"max_rate_at_slo", "max_rate_min", "max_rate_max", "ratio_vs_discard",
                                       "ratio_vs_vllm-apc", "ratio_vs_ttl", "ratio_vs_bound", "waste_share_at_slo_rate",
-                                      "jct_mean_s"}
+                                      "jct_mean_s", "ttft_p50_s", "ttft_p99_s", "resume_p99_s", "goodput_rps"}
     assert bound_violations(head) == []
+    # The first-token rule: infercept starves new requests at 4 req/s on seed 1: its knee drops to 2.
+    per["infercept"][1]["4"]["ttft_s"]["p99"] = 30.0
+    assert headline(per, slo_s=0.05, ttft_slo_s=1.0)["infercept"]["max_rate_by_seed"]["1"] == 2
     per["infercept"] = {1: runs((1, 0.001), (8, 0.002))}
     assert bound_violations(headline(per, slo_s=0.05)) == ["infercept"]  # beats the bound: the bench is wrong
     per[BOUND] = {1: runs((1, 0.06), (2, 0.08))}  # the bound misses the SLO at its lowest rate: 0 req/s
