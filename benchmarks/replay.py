@@ -19,12 +19,11 @@ from pathlib import Path
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, Outcome, Turn, pct, summarize
-from infercept.benchmarks.workload import Request, load_table1, random_tokens
+from infercept.benchmarks.workload import Request, check_priors, random_tokens
 from engine_adapter.policy.table import DEFAULT_TTL_S, POLICY_NAMES
 from engine_adapter.paths import configs_dir
 
 REPO = Path(__file__).resolve().parent.parent
-TABLE1 = load_table1()
 
 
 @dataclass(frozen=True)
@@ -35,14 +34,23 @@ class Variant:
     oracle: bool = False  # tag each pause with its true duration
     unlimited_kv: bool = False  # the bound: KV for every context at once
     zero_calls: bool = False  # calls take no time (the SLO's unloaded reference)
+    priors: str | None = None  # the duration priors its estimator starts from (None: the run's, `Setting.priors`)
 
 
 VARIANTS: dict[str, Variant] = {name: Variant(name, name) for name in POLICY_NAMES} | {
     "oracle-duration": Variant("oracle-duration", "infercept", estimator="oracle", oracle=True),
     BOUND: Variant(BOUND, "preserve", unlimited_kv=True),
 }
-# Policies a user of vLLM would tune (--tune-baselines): everything that is not InferCept's, and the bound.
-BASELINES = ("discard", "vllm-apc", "preserve", "ttl", "improved-discard", BOUND)
+
+
+def variant(label: str) -> Variant:
+    """A command-line label: a name of `VARIANTS`, optionally with `@PRIORS` (one of `workload.PRIOR_MODES`)
+    for a row whose estimator starts from other priors than the run's (`infercept@table1`, `continuum@x3`)."""
+    name, _, priors = label.partition("@")
+    if name not in VARIANTS:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(VARIANTS)}")
+    v = VARIANTS[name]
+    return dataclasses.replace(v, label=label, priors=check_priors(priors)) if priors else v
 ABLATION = (("improved-discard", "improved-discard"), ("+ chunked recompute at S", "chunked-discard"),
             ("+ budgeted swap", "swap"), ("+ preserve heuristic", "swap-heuristic"),
             ("+ min-waste (paper estimate)", "infercept-paper"),
@@ -64,7 +72,10 @@ class Setting:
     context_scale: float = 1.0
     max_context: int = 3500
     drain_s: float = 45.0  # after the last arrival, wait at most this long for requests to finish
-    priors_path: str | None = None  # Table 1 with durations scaled by time_scale (written by the runner)
+    # The duration priors every estimator starts from (`workload.PRIOR_MODES`; generic: not the workload's),
+    # and the folder the runner wrote them to as priors-<mode>.yaml, in scaled time (None: the shipped Table 1).
+    priors: str = "generic"
+    priors_dir: str | None = None
     # The tiny model's profile measured on the bench machine (T_fwd grid, S, M): infercept's equations use it.
     profile: str | None = str(configs_dir() / "profiles" / "tiny-cpu-bench.json")
     unlimited_kv_tokens: int = 0  # the bound's KV: enough for every request's context at once (set by the runner)
@@ -74,7 +85,8 @@ class Setting:
     unlimited_kv_slots: int = 0
     kv_bytes_per_token: int = 1024  # M of the model (the profile's): sizes the KV memory vLLM reserves
 
-    def engine_config(self, v: Variant, token_budget: int | None) -> Any:
+    def engine_config(self, v: Variant, token_budget: int | None, saturation_tokens: int | None = None) -> Any:
+        """`saturation_tokens`: S for the policies instead of the profile's (the runner's budget pilot)."""
         from engine_adapter.config import EngineConfig
 
         tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
@@ -91,7 +103,9 @@ class Setting:
             max_num_batched_tokens=token_budget, swap_space_gib=self.swap_space_gib,
             swap_link_gbps=self.swap_link_gbps, estimator=v.estimator or "prior",
             kv_cache_gib=max(1.0, math.ceil(tokens * self.kv_bytes_per_token * 1.1 / 2**30)),
-            augmentation_priors=self.priors_path, profile=self.profile if self.model == "tiny" else None,
+            augmentation_priors=str(Path(self.priors_dir) / f"priors-{v.priors or self.priors}.yaml") if self.priors_dir else None,
+            profile=self.profile if self.model == "tiny" else None,
+            saturation_tokens=saturation_tokens,
             # Continuum-style TTLs are set from call durations: scaled with them.
             ttl_s={k: t * self.time_scale for k, t in DEFAULT_TTL_S.items()},
         )
@@ -102,11 +116,11 @@ async def replay(engine: Any, req: Request, v: Variant, s: Setting, t0: float, o
     from engine_adapter.events import TokenDelta, TurnEnd
     from engine_adapter.hints import TURN_END_KEY, ToolHint
 
-    table_mean = TABLE1[req.aug_type].duration_s[0]
     await asyncio.sleep(max(0.0, t0 + req.arrival_s - time.monotonic()))
     out.arrival_s = time.monotonic()
     rng = random.Random(req.rid)
-    session = engine.open_session(tools={TURN_END_KEY: ToolHint(req.aug_type, table_mean * s.time_scale)},
+    # The hint names the call's type, not its duration: estimators learn durations from the calls they see.
+    session = engine.open_session(tools={TURN_END_KEY: ToolHint(req.aug_type)},
                                   max_tokens=8, ignore_eos=True, seed=req.rid)
     try:
         tokens: list[int] = list(req.prompt)
@@ -155,12 +169,12 @@ async def settled_integrity(engine: Any, timeout_s: float = 30.0) -> Any:
 class EngineRun:
     """One engine (a variant at a token budget), started once, running workloads one after another."""
 
-    def __init__(self, v: Variant, s: Setting, token_budget: int | None) -> None:
+    def __init__(self, v: Variant, s: Setting, token_budget: int | None, saturation_tokens: int | None = None) -> None:
         from engine_adapter.engine import InterceptEngine
 
         self.v, self.s, self.token_budget = v, s, token_budget
         self.outcomes: list[Outcome] = []  # the last run's, per request (with per-turn timing)
-        self.engine = InterceptEngine(s.engine_config(v, token_budget))
+        self.engine = InterceptEngine(s.engine_config(v, token_budget, saturation_tokens))
 
     async def __aenter__(self) -> EngineRun:
         await self.engine.start()
@@ -204,10 +218,13 @@ class EngineRun:
     async def unloaded(self, reqs: list[Request]) -> dict[str, Any]:
         """The SLO's reference: requests one at a time with zero-time calls, on this (idle) engine."""
         zero = dataclasses.replace(self.v, zero_calls=True)
-        lat = []
+        lat, ttft = [], []
         for r in reqs:
             o = Outcome(r.rid, r.aug_type, 0.0)
             await replay(self.engine, dataclasses.replace(r, arrival_s=0.0), zero, self.s, time.monotonic(), o)
             if o.normalized_latency is not None:
                 lat.append(o.normalized_latency)
-        return {"requests": len(lat), "median_s": pct(lat, 0.5), "p90_s": pct(lat, 0.9)}
+            if o.first_token_s is not None:
+                ttft.append(o.first_token_s - o.arrival_s)
+        return {"requests": len(lat), "median_s": pct(lat, 0.5), "p90_s": pct(lat, 0.9),
+                "ttft_median_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9)}

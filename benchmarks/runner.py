@@ -1,15 +1,27 @@
 """`infercept bench`: the paper's evaluation on the embedded engine, every policy on equal footing.
 
-* One token budget for all (`--token-budget`, default the profile's saturation point S): every engine
-  gets the same `max_num_batched_tokens`; with `--tune-baselines` a pilot first runs each baseline (and
-  the bound) at S, 2S and vLLM's default, and the sweep runs each at its best.
-* The bound is `unlimited-kv`: `preserve` with KV for every request's context at once, real call
-  durations, the same budget. No policy may beat it beyond noise (the runner warns past 5%).
-* The SLO comes from its own `unlimited-kv` engine running requests one at a time, before any policy.
-* Seeds: the headline is the median over seeds of each policy's max rate at the SLO, with min and max.
-* Waste shares of every policy are over the same denominator: the real KV capacity x the run's time.
-* `--ablation`: the paper's Fig. 3, each step an engine policy, at vLLM's default token budget (so that
-  the chunking step, which caps iterations at S, has something to change).
+* **Same knobs.** Every policy runs in the same engine with the same KV, host buffer, emulated link,
+  running slots and duration priors. The priors are generic (`--priors generic`: the same one-second
+  guess for every type; each estimator learns the types online from the calls it sees); `POLICY@table1`
+  rows get the workload's own distributions (an oracle) and `POLICY@x0.3` / `@x3` misspecified ones.
+* **Budgets piloted alike.** Before the sweep, every policy (not the priors rows) runs at S, 2S and
+  vLLM's default token budget (4S for policies that cap their iterations at S, whose cap follows the
+  budget tried) at the pilot rates on the first seed; each is then measured at its best.
+* **The bound** is `unlimited-kv`: `preserve` with KV for every request's context at once, a running
+  slot per session, real call durations, piloted like the others. No policy may beat it beyond noise
+  (`bound_violations`).
+* **The SLO** comes from the bound's engine running requests one at a time with zero-time calls, before
+  the first policy and after the last (the faster kept). A rate is within the SLO when the median
+  normalized latency is within `--slo-factor` x that reference **and** new requests' p99 time to first
+  token is within `--ttft-factor` x its unloaded p90 (so that starving new requests cannot pass).
+* **Knees by bisection.** Each seed runs the rate grid, then `--refine` rounds that probe each policy
+  halfway between its highest passing and lowest failing rate; its max rate is the highest passing rate
+  below the lowest failing one (no interpolation). Within a seed, the policies of every round run in a
+  shuffled order (recorded as `order`), so that drifts of the machine spread over policies.
+* **Statistics.** Medians over seeds with min..max, per-seed ratios and a paired bootstrap interval of
+  every ratio; each run's steady-state check (`metrics.steady_state`).
+* **Resumable.** Every point is saved as it finishes (`points.PointStore`); the same command continues
+  a run that stopped and says so. A full run re-measures the tiny model's profile on this machine first.
 
 Why the default setting resembles the paper's A100 runs: the `tiny` model (random 2-layer Llama, real
 tokenizer) on 2 CPU cores has an A100's forward time for GPT-J relative to context (recomputing a 1.5k
@@ -26,6 +38,7 @@ import asyncio
 import json
 import os
 import platform
+import random
 import subprocess
 import sys
 import time
@@ -34,24 +47,28 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, bound_violations, headline
-from infercept.benchmarks.replay import ABLATION, BASELINES, REPO, VARIANTS, EngineRun, Setting
-from infercept.benchmarks.workload import WORKLOADS, Request, ShareGPT, generate, write_scaled_priors
+from infercept.benchmarks.metrics import BOUND, bound_violations, headline, next_probe
+from infercept.benchmarks.points import PointStore
+from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
+from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
 from engine_adapter.paths import configs_dir
+from engine_adapter.policy.table import policy_spec
 
-DEFAULT_POLICIES = ("discard", "vllm-apc", "preserve", "ttl", "swap", "infercept", BOUND)
+DEFAULT_POLICIES = ("discard", "vllm-apc", "continuum", "preserve", "swap", "infercept-paper", "infercept", BOUND)
 QUICK_POLICIES = ("discard", "vllm-apc", "infercept", BOUND)
+PRIOR_ROWS_OF = ("infercept",)  # the policies that get `@table1`/`@x0.3`/`@x3` rows in a full run
+PROFILE_GRID = (64, 256, 512, 1024, 2048)  # the tiny model's profile, as shipped (tiny-cpu-bench.json)
 
 
 @dataclass
 class Plan:
     workload: str
     labels: list[str]
-    rates: list[float]
+    rates: list[float]  # the grid every policy runs on every seed; bisection refines between its points
     duration_s: float
     seeds: list[int]
-    token_budget: int  # for every policy (baselines: unless tuned)
-    tune: bool
+    token_budget: int  # S: the budget of every policy that is not piloted
+    tune: bool  # pilot every policy's budget (S, 2S, vLLM's default) before the sweep
     ablation: bool
     slo_factor: float
     setting: Setting
@@ -59,6 +76,21 @@ class Plan:
     command: str
     pilot_rates: list[float] = field(default_factory=list)
     calibration_requests: int = 16
+    refine: int = 0  # bisection rounds after the grid
+    rel_tol: float = 0.1  # bisection stops once the knee and the first failure are this close (relative)
+    ttft_factor: float | None = 10.0  # new requests' p99 TTFT within this x the unloaded p90 (None: no such rule)
+    reprofile: bool = False  # measure the tiny model's profile on this machine before anything else
+    budget_from_profile: bool = True  # S, the default budget, is the (re-measured) profile's
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What decides the points a run measures: a resumed run must agree on all of it."""
+        s = self.setting
+        return {"workload": self.workload, "labels": self.labels, "rates": self.rates, "duration_s": self.duration_s,
+                "seeds": self.seeds, "token_budget": self.token_budget, "tune": self.tune, "ablation": self.ablation,
+                "slo_factor": self.slo_factor, "pilot_rates": self.pilot_rates, "refine": self.refine, "rel_tol": self.rel_tol,
+                "ttft_factor": self.ttft_factor, "reprofile": self.reprofile, "calibration_requests": self.calibration_requests,
+                "setting": {k: v for k, v in asdict(s).items() if k not in ("profile", "priors_dir", "unlimited_kv_tokens", "unlimited_kv_slots")},
+                "commit": git_commit(), "dirty": git_dirty()}
 
 
 def machine() -> dict[str, Any]:
@@ -73,11 +105,21 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def git_commit() -> str | None:
+def _git(*args: str) -> str | None:
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
+        return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
+
+
+def git_commit() -> str | None:
+    return _git("rev-parse", "HEAD")
+
+
+def git_dirty() -> bool | None:
+    """Whether tracked code differs from the commit (a resumed run must run the same code)."""
+    out = _git("status", "--porcelain", "--untracked-files=no")
+    return None if out is None else bool(out)
 
 
 def profile_doc(s: Setting) -> dict[str, Any] | None:
@@ -89,116 +131,227 @@ def context_tokens(r: Request) -> int:
     return len(r.prompt) + sum(c.decode_tokens + c.returned_tokens for c in r.calls) + r.final_decode_tokens
 
 
+class Workloads:
+    """The seeded workload of each (seed, rate), generated when first asked for (bisection picks rates as
+    it goes) and kept."""
+
+    def __init__(self, plan: Plan) -> None:
+        from transformers import AutoTokenizer
+
+        from engine_adapter.models import resolve_model
+
+        tok = AutoTokenizer.from_pretrained(resolve_model(plan.setting.model))
+        self.encode = lambda t: tok.encode(t, add_special_tokens=False)
+        self.sharegpt = ShareGPT().texts if plan.workload in ("chatbot", "mixed") and ShareGPT.available() else []
+        self.plan = plan
+        self.made: dict[tuple[int, float], list[Request]] = {}
+
+    def __getitem__(self, key: tuple[int, float]) -> list[Request]:
+        if key not in self.made:
+            p, s = self.plan, self.plan.setting
+            self.made[key] = generate(p.workload, key[1], p.duration_s, key[0], context_scale=s.context_scale,
+                                      max_context=s.max_context, encode=self.encode, sharegpt=self.sharegpt)
+        return self.made[key]
+
+
 def make_workloads(plan: Plan) -> dict[tuple[int, float], list[Request]]:
-    from transformers import AutoTokenizer
+    """Every (seed, rate) of the plan's grid and pilot."""
+    w = Workloads(plan)
+    return {(seed, r): w[(seed, r)] for seed in plan.seeds for r in sorted(set(plan.rates) | set(plan.pilot_rates))}
 
-    from engine_adapter.models import resolve_model
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(plan.setting.model))
-    sharegpt = ShareGPT().texts if plan.workload in ("chatbot", "mixed") and ShareGPT.available() else []
+def chunked(label: str) -> bool:
+    """Whether the policy caps its iterations at S: then the budget it runs at is its S as well."""
+    return policy_spec(variant(label).policy).chunk_at_saturation
+
+
+def budgets_tried(label: str, s_tokens: int) -> list[int | None]:
+    """S, 2S and vLLM's default; 4S instead of the default for policies that cap iterations at S (their
+    cap follows the budget tried, and vLLM's default on this CPU is 2048 = 4 x 512)."""
+    return [s_tokens, 2 * s_tokens, 4 * s_tokens if chunked(label) else None]
+
+
+def budget_key(b: int | None) -> str:
+    return "vllm-default" if b is None else str(b)
+
+
+class Bench:
+    """One benchmark run: its plan, its points on disk, the progress bar and the engines' info."""
+
+    def __init__(self, plan: Plan, bar: Any, workloads: Workloads) -> None:
+        self.plan, self.bar = plan, bar
+        self.store = PointStore(plan.out, plan.fingerprint())
+        self.workloads = workloads
+        self.engines: dict[str, Any] = {}
+
+    async def runs(self, label: str, budget: int | None, seed: int, rates: Sequence[float], phase: str) -> dict[str, Any]:
+        """The points of one policy at one budget and seed, measured where not on disk: one engine for
+        all of them, rates ascending."""
+        keys = {r: PointStore.key(phase, label, budget_key(budget), seed, f"{r:g}") for r in rates}
+        out = {f"{r:g}": self.store.get(k) for r, k in keys.items()}
+        todo = [r for r in sorted(rates) if out[f"{r:g}"] is None]
+        self.bar.update(len(rates) - len(todo))
+        if todo:
+            self.bar.set_postfix_str(f"{phase} {label} b={budget_key(budget)} seed {seed}")
+            sat = budget if chunked(label) and budget is not None else None
+            async with EngineRun(variant(label), self.plan.setting, budget, sat) as er:
+                self.engines.setdefault(label, await er.info())
+                for r in todo:
+                    res = await er.run(self.workloads[(seed, r)], r) | {"seed": seed, "budget": budget_key(budget),
+                                                                         "commit": git_commit(), "finished": time.time()}
+                    self.store.put(keys[r], res)
+                    out[f"{r:g}"] = res
+                    self.bar.update(1)
+        return out
+
+    async def reference(self, when: str) -> dict[str, Any]:
+        """The SLO's reference: the first seed's lowest-rate requests, one at a time, on the bound's engine."""
+        key = PointStore.key("reference", when)
+        got = self.store.get(key)
+        if got is None:
+            self.bar.set_postfix_str(f"SLO reference ({when})")
+            p = self.plan
+            first = self.workloads[(p.seeds[0], min(p.rates))]
+            async with EngineRun(variant(BOUND), p.setting, p.token_budget) as er:
+                got = await er.unloaded(first[:p.calibration_requests]) | {"when": when}
+            self.store.put(key, got)
+        self.bar.update(1)
+        return got
+
+
+async def prepare(plan: Plan) -> Workloads:
+    """Priors, the bound's KV and slots, and (for a full run) a fresh profile, all in OUT."""
     s = plan.setting
-    rates = sorted(set(plan.rates) | set(plan.pilot_rates))
-    return {(seed, r): generate(plan.workload, r, plan.duration_s, seed, context_scale=s.context_scale, max_context=s.max_context,
-                                encode=lambda t: tok.encode(t, add_special_tokens=False), sharegpt=sharegpt)
-            for seed in plan.seeds for r in rates}
+    plan.out.mkdir(parents=True, exist_ok=True)
+    s.priors_dir = str(plan.out)
+    for mode in PRIOR_MODES:
+        write_priors(plan.out / f"priors-{mode}.yaml", mode, s.time_scale)
+    if plan.reprofile and s.model == "tiny":
+        path = plan.out / "profile.json"
+        if not path.is_file():  # a resumed run keeps the profile it started with
+            from engine_adapter.profiler import run_profile
+
+            print(f"measuring the tiny model's profile on this machine into {path} ...", file=sys.stderr, flush=True)
+            await run_profile("tiny", s.dtype, PROFILE_GRID, 2, path)
+        s.profile = str(path)
+        if plan.budget_from_profile:
+            plan.token_budget = int(json.loads(path.read_text())["saturation_tokens"])
+    # The bound's KV holds every request of the busiest workload at its largest context at once, and it
+    # gets a running slot for each: the grid's highest rate is the busiest bisection can reach.
+    w = Workloads(plan)
+    top = [w[(seed, max(plan.rates))] for seed in plan.seeds]
+    s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in top)
+    s.unlimited_kv_slots = max(len(reqs) for reqs in top)
+    return w
 
 
-async def run_sweep(labels: Sequence[str], budgets: dict[str, int | None], plan: Plan, seeds: Sequence[int],
-                    rates: Sequence[float], workloads: dict[tuple[int, float], list[Request]], bar: Any,
-                    engines: dict[str, Any]) -> dict[str, dict[int, dict[str, Any]]]:
-    """results[label][seed][rate]. Seeds outermost, so slow drifts of the machine spread over policies."""
+async def sweep(b: Bench, labels: Sequence[str], budgets: dict[str, int | None], slo_s: float, ttft_slo_s: float | None,
+                order: dict[str, list[list[str]]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """results[label][seed][rate]: per seed, the grid for every policy, then bisection rounds; the
+    policies of each round in a shuffled order."""
+    p = b.plan
     results: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in labels}
-    for seed in seeds:
-        for label in labels:
-            bar.set_postfix_str(f"{label} seed {seed}")
-            async with EngineRun(VARIANTS[label], plan.setting, budgets.get(label)) as er:
-                engines.setdefault(label, await er.info())
-                runs = results[label][seed] = {}
-                for rate in rates:
-                    runs[f"{rate:g}"] = await er.run(workloads[(seed, rate)], rate)
-                    bar.update(1)
+    for seed in p.seeds:
+        rounds = order.setdefault(str(seed), [])
+        for rnd in range(p.refine + 1):
+            shuffled = list(labels)
+            random.Random(f"order:{seed}:{rnd}").shuffle(shuffled)
+            ran = []
+            for label in shuffled:
+                have = results[label].setdefault(seed, {})
+                if rnd == 0:
+                    rates: list[float] = list(p.rates)
+                else:
+                    probe = next_probe(have, slo_s, ttft_slo_s, p.rel_tol)
+                    if probe is None:
+                        continue
+                    rates = [probe]
+                have.update(await b.runs(label, budgets[label], seed, rates, f"round{rnd}"))
+                ran.append(label)
+            rounds.append(ran)
+            b.bar.total -= (len(labels) - len(ran)) if rnd else 0
     return results
-
-
-async def measure_reference(plan: Plan, workloads: dict[tuple[int, float], list[Request]], bar: Any) -> dict[str, Any]:
-    """The SLO's reference: the first seed's lowest-rate requests, one at a time, on an unlimited-kv engine."""
-    bar.set_postfix_str("SLO reference")
-    first = workloads[(plan.seeds[0], min(plan.rates))]
-    async with EngineRun(VARIANTS[BOUND], plan.setting, plan.token_budget) as er:
-        unloaded = await er.unloaded(first[:plan.calibration_requests])
-    bar.update(1)
-    return unloaded
 
 
 async def bench(plan: Plan) -> dict[str, Any]:
     from tqdm import tqdm
 
+    t_start = time.time()
+    workloads = await prepare(plan)
     s = plan.setting
-    plan.out.mkdir(parents=True, exist_ok=True)
-    # The engine's duration priors in the same (scaled) time as the calls it will see.
-    s.priors_path = str(plan.out / "priors_scaled.yaml")
-    write_scaled_priors(Path(s.priors_path), s.time_scale)
-    workloads = make_workloads(plan)
-    # The bound's KV holds every request of the busiest workload at its largest context at once.
-    s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in workloads.values())
-    s.unlimited_kv_slots = max(len(reqs) for reqs in workloads.values())  # and a running slot for each of them
     labels = list(plan.labels)
     ablation = [label for _, label in ABLATION] if plan.ablation else []
-    tuned = [label for label in labels if label in BASELINES] if plan.tune else []
-    budgets_tried = (plan.token_budget, 2 * plan.token_budget, None)
-    total = 2 + len(tuned) * len(budgets_tried) * len(plan.pilot_rates) + len(plan.seeds) * len(plan.rates) * (len(labels) + len(ablation))
-    t_start, engines, pilot = time.time(), {}, {}
+    piloted = [label for label in labels if "@" not in label] if plan.tune else []
+    total = (2 + sum(len(budgets_tried(x, plan.token_budget)) for x in piloted) * len(plan.pilot_rates)
+             + len(plan.seeds) * (len(plan.rates) + plan.refine) * (len(labels) + len(ablation)))
+    pilot: dict[str, Any] = {}
+    order: dict[str, list[list[str]]] = {}
     budgets: dict[str, int | None] = {label: plan.token_budget for label in labels}
-    with tqdm(total=total, desc="bench", unit="run", file=sys.stderr) as bar:
-        # 1. The SLO's reference, before any policy: requests one at a time on an unlimited-kv engine.
-        #    Measured again after the last policy (5.), and the faster of the two kept: one measurement
-        #    taken while the machine was slow would loosen the SLO for every policy alike.
-        reference = [await measure_reference(plan, workloads, bar)]
-        # 2. Pilot: each baseline at S, 2S and vLLM's default; the sweep uses the best (lowest summed
-        #    median normalized latency over the pilot rates, first seed).
-        for label in tuned:
+    with tqdm(total=total, desc="bench", unit="point", file=sys.stderr) as bar:
+        b = Bench(plan, bar, workloads)
+        if b.store.resumed:
+            print(f"resuming {plan.out}: {b.store.resumed} points already measured with this plan and commit", file=sys.stderr, flush=True)
+        # 1. The SLO's reference, before any policy (and again after the last: 4.).
+        reference = [await b.reference("before")]
+        # 2. Pilot: every policy at each budget tried; the sweep uses the best (lowest summed median
+        #    normalized latency over the pilot rates, first seed). Priors rows use their policy's.
+        for label in piloted:
             pilot[label] = {}
-            for b in budgets_tried:
-                res = await run_sweep([label], {label: b}, plan, plan.seeds[:1], plan.pilot_rates, workloads, bar, {})
-                runs = res[label][plan.seeds[0]]
-                key = str(b) if b is not None else "vllm-default"
-                pilot[label][key] = {rate: {"normalized_latency_median_s": r["normalized_latency_s"]["median"],
-                                            "completed": r["completed"], "requests": r["requests"]} for rate, r in runs.items()}
-                pilot[label][key]["score"] = sum(r["normalized_latency_s"]["median"] or float("inf") for r in runs.values())
+            for budget in budgets_tried(label, plan.token_budget):
+                runs = await b.runs(label, budget, plan.seeds[0], plan.pilot_rates, "pilot")
+                pilot[label][budget_key(budget)] = {
+                    "score": sum(r["normalized_latency_s"]["median"] or float("inf") for r in runs.values()),
+                    **{rate: {"normalized_latency_median_s": r["normalized_latency_s"]["median"], "completed": r["completed"],
+                              "requests": r["requests"]} for rate, r in runs.items()}}
             best = min(pilot[label], key=lambda k: pilot[label][k]["score"])
             budgets[label] = None if best == "vllm-default" else int(best)
-        # 3. The sweep, and 4. the ablation at vLLM's default budget.
-        results = await run_sweep(labels, budgets, plan, plan.seeds, plan.rates, workloads, bar, engines)
-        abl = await run_sweep(ablation, {}, plan, plan.seeds, plan.rates, workloads, bar, {}) if ablation else {}
-        reference.append(await measure_reference(plan, workloads, bar))
+        for label in labels:
+            if "@" in label:
+                budgets[label] = budgets.get(label.split("@")[0], plan.token_budget)
+        # 3. The sweep, judged as it goes by the first reference (the final SLO may be a little tighter).
+        ref0 = reference[0]
+        slo0 = plan.slo_factor * ref0["median_s"]
+        ttft0 = plan.ttft_factor * ref0["ttft_p90_s"] if plan.ttft_factor and ref0.get("ttft_p90_s") else None
+        results = await sweep(b, labels, budgets, slo0, ttft0, order)
+        abl = await sweep(b, ablation, {x: None for x in ablation}, slo0, ttft0, {}) if ablation else {}
+        reference.append(await b.reference("after"))
     unloaded = min(reference, key=lambda r: r["median_s"])
     slo_s = plan.slo_factor * unloaded["median_s"]
-    head = headline(results, slo_s)
+    ttft_slo_s = plan.ttft_factor * unloaded["ttft_p90_s"] if plan.ttft_factor and unloaded.get("ttft_p90_s") else None
+    head = headline(results, slo_s, ttft_slo_s)
     violations = bound_violations(head)
     for label in violations:
         print(f"warning: {label} beats the bound {BOUND} by more than 5% ({head[label]['max_rate_at_slo']:.2f} vs "
               f"{head[BOUND]['max_rate_at_slo']:.2f} req/s): the benchmark is wrong, not the policy", file=sys.stderr)
-    prof = profile_doc(s)
+    steady = [ok for h in head.values() for ok in h["steady_at_slo_rate"]]
     result: dict[str, Any] = {
         "command": plan.command, "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
-        "elapsed_s": time.time() - t_start, "machine": machine(),
+        "elapsed_s": time.time() - t_start, "resumed_points": b.store.resumed, "machine": machine(),
         "workload": plan.workload, "rates": plan.rates, "duration_s": plan.duration_s, "seeds": plan.seeds,
-        "policies": labels, "token_budget": {label: engines.get(label, {}).get("token_budget") for label in labels},
-        "token_budget_default": plan.token_budget, "baselines_tuned": plan.tune, "pilot": {"rates": plan.pilot_rates, "by_policy": pilot},
-        "setting": asdict(s) | {"profile_data": prof},
-        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in workloads.items()},
+        "policies": labels, "token_budget": {label: budgets.get(label) for label in labels},
+        "token_budget_default": plan.token_budget, "baselines_tuned": plan.tune,
+        "pilot": {"rates": plan.pilot_rates, "by_policy": pilot, "rule": "every policy at S, 2S and vLLM's default "
+                  "(4S where iterations are capped at S); lowest summed median normalized latency, first seed"},
+        "priors": {"run": s.priors, "rows": {x: variant(x).priors for x in labels if "@" in x},
+                   "generic_s": "GENERIC_PRIOR_S x time_scale for every type", "files": sorted(f"priors-{m}.yaml" for m in PRIOR_MODES)},
+        "order": order, "refine": {"rounds": plan.refine, "rel_tol": plan.rel_tol},
+        "steady_state": {"rule": "last arrival quarter's median normalized latency within 25% of the second's",
+                         "steady_runs_at_knee": sum(steady), "runs_at_knee": len(steady)},
+        "setting": asdict(s) | {"profile_data": profile_doc(s)},
+        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in b.workloads.made.items()},
         "request_mix": {f"{seed}/{rate:g}": {t: sum(1 for q in w if q.aug_type == t) for t in WORKLOADS[plan.workload]}
-                        for (seed, rate), w in workloads.items()},
-        "engines": engines,
-        "slo": {"slo_factor": plan.slo_factor,
+                        for (seed, rate), w in b.workloads.made.items()},
+        "engines": b.engines,
+        "slo": {"slo_factor": plan.slo_factor, "ttft_factor": plan.ttft_factor,
                 "reference": f"{BOUND} engine, {unloaded['requests']} requests one at a time, zero-time calls; "
                              "measured before the first policy and after the last, the faster kept",
                 "unloaded_normalized_latency_s": unloaded["median_s"], "slo_normalized_latency_s": slo_s,
-                "reference_runs": [{"when": w} | r for w, r in zip(("before", "after"), reference)]},
+                "unloaded_ttft_p90_s": unloaded.get("ttft_p90_s"), "ttft_p99_bound_s": ttft_slo_s,
+                "reference_runs": reference},
         "headline": head, "bound_violations": violations, "results": results,
     }
     if abl:
-        result |= {"ablation_headline": headline(abl, slo_s), "ablation_results": abl, "ablation_token_budget": "vllm-default"}
+        result |= {"ablation_headline": headline(abl, slo_s, ttft_slo_s), "ablation_results": abl, "ablation_token_budget": "vllm-default"}
     from infercept.benchmarks.plots import plots
 
     result["plots"] = plots(result, plan.out)
@@ -208,31 +361,44 @@ async def bench(plan: Plan) -> dict[str, Any]:
 
 def print_table(result: dict[str, Any]) -> None:
     slo = result["slo"]
-    print(f"\nSLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token "
+    ttft = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""
+    print(f"\nSLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token{ttft} "
           f"({slo['slo_factor']:g}x the {slo['reference']})")
-    print(f"{'policy':18s} {'budget':>7s} {'max rate@SLO (min..max)':>24s} {'vs discard':>10s} {'vs apc':>7s} {'vs ttl':>7s} "
-          f"{'vs bound':>8s} {'waste':>7s} {'JCT':>7s}")
+    refs = [x for x in ("discard", "vllm-apc", "continuum", BOUND) if x in result["headline"]]
+    print(f"{'policy':18s} {'budget':>7s} {'max rate@SLO (min..max)':>24s} " + " ".join(f"{'vs ' + ('bound' if r == BOUND else r):>20s}" for r in refs)
+          + f" {'waste':>6s} {'TTFT p99':>8s} {'JCT':>6s}")
 
     def f(x: float | None, fmt: str = "{:.2f}") -> str:
         return "-" if x is None else fmt.format(x)
 
     for label, h in result["headline"].items():
         rate = f"{h['max_rate_at_slo']:.2f}{'+' if h['censored'] else ' '} ({h['max_rate_min']:.2f}..{h['max_rate_max']:.2f})"
-        print(f"{label:18s} {str(result['token_budget'].get(label)):>7s} {rate:>24s} {f(h['ratio_vs_discard']):>10s} "
-              f"{f(h['ratio_vs_vllm-apc']):>7s} {f(h['ratio_vs_ttl']):>7s} {f(h['ratio_vs_bound']):>8s} "
-              f"{f(h['waste_share_at_slo_rate'], '{:.1%}'):>7s} {f(h['jct_mean_s'], '{:.1f}s'):>7s}")
-    print("(+: met the SLO at every rate tried; waste: share of KV capacity x time at the highest rate within the SLO)")
+        cells = []
+        for r in refs:
+            key = "bound" if r == BOUND else r
+            ci = h.get(f"ratio_ci_vs_{key}")
+            cells.append(f"{f(h.get(f'ratio_vs_{key}')):>5s} [{f(ci[0]) if ci else '-'}..{f(ci[1]) if ci else '-'}]")
+        print(f"{label:18s} {str(result['token_budget'].get(label)):>7s} {rate:>24s} " + " ".join(f"{c:>20s}" for c in cells)
+              + f" {f(h['waste_share_at_slo_rate'], '{:.1%}'):>6s} {f(h['ttft_p99_s'], '{:.2f}s'):>8s} {f(h['jct_mean_s'], '{:.0f}s'):>6s}")
+    print("(+: met the SLO at every rate tried; ratios: median vs median over seeds [95% paired bootstrap over seeds]; "
+          "waste, TTFT p99, JCT: at the highest rate within the SLO)")
 
 
 def main(args: Any) -> int:
-    labels = [x.strip() for x in (args.policies or ",".join(QUICK_POLICIES if args.quick else DEFAULT_POLICIES)).split(",") if x.strip()]
-    unknown = [x for x in labels if x not in VARIANTS]
-    if unknown:
-        print(f"error: unknown policies {unknown}; choose from {', '.join(VARIANTS)}", file=sys.stderr)
+    quick = args.quick
+    labels = [x.strip() for x in (args.policies or ",".join(QUICK_POLICIES if quick else DEFAULT_POLICIES)).split(",") if x.strip()]
+    try:
+        for x in labels:
+            variant(x)
+        priors = check_priors(args.priors)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
+    if not args.policies and not quick:
+        labels += [f"{x}@{m}" for x in PRIOR_ROWS_OF if x in labels for m in PRIOR_MODES if m != priors]
     if BOUND not in labels:
         labels.append(BOUND)  # every ratio needs its bound
-    s = Setting()
+    s = Setting(priors=priors)
     for name, attr in (("time_scale", "time_scale"), ("kv_tokens", "kv_tokens"), ("model", "model")):
         if getattr(args, name, None):
             setattr(s, attr, getattr(args, name))
@@ -240,10 +406,11 @@ def main(args: Any) -> int:
         s.swap_link_gbps = args.link_gbps or None
     if s.model != "tiny":
         s.dtype = "auto"
+    if args.profile:
+        s.profile = args.profile
     prof = profile_doc(s)
     if prof is not None:
         s.kv_bytes_per_token = int(prof["kv_bytes_per_token"])
-    quick = args.quick
     rates = [float(r) for r in (args.rates or ("4" if quick else "3,6,9,12")).split(",")]
     seeds = [int(x) for x in (args.seeds or ("1" if quick else "1,2,3")).split(",")]
     if quick:
@@ -257,15 +424,19 @@ def main(args: Any) -> int:
     if getattr(args, "pilot_rates", None):
         pilot_rates = [float(r) for r in args.pilot_rates.split(",")]
     else:
-        pilot_rates = sorted(rates)[len(rates) // 2 - 1: len(rates) // 2 + 1] if len(rates) >= 2 else rates
+        pilot_rates = [sorted(rates)[(len(rates) - 1) // 2]]  # the middle of the grid
+    refine = args.refine if args.refine is not None else (0 if quick else 2)
     command = "infercept " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("infercept") else " ".join(sys.argv)
-    plan = Plan(workload=args.workload, labels=labels, rates=rates, duration_s=args.duration or (6.0 if quick else 10.0),
-                seeds=seeds, token_budget=budget, tune=args.tune_baselines, ablation=args.ablation,
-                slo_factor=args.slo_factor, setting=s, out=Path(args.out), command=command, pilot_rates=pilot_rates)
-    result = asyncio.run(bench(plan))
+    plan = Plan(workload=args.workload, labels=labels, rates=rates, duration_s=args.duration or (6.0 if quick else 30.0),
+                seeds=seeds, token_budget=budget, tune=not quick and not args.no_pilot, ablation=args.ablation,
+                slo_factor=args.slo_factor, setting=s, out=Path(args.out), command=command, pilot_rates=pilot_rates,
+                refine=refine, rel_tol=args.rel_tol, ttft_factor=args.ttft_factor or None,
+                reprofile=not quick and not args.profile, budget_from_profile=not args.token_budget)
+    try:
+        result = asyncio.run(bench(plan))
+    except ValueError as e:  # a plan that does not match the points in OUT, a setting vLLM refuses
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     print_table(result)
     print(f"\nwrote {plan.out / 'bench.json'} and {', '.join(result['plots'])} in {result['elapsed_s']:.0f} s")
     return 0
-
-
-

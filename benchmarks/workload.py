@@ -44,12 +44,30 @@ class TypeStats:
     context_tokens: tuple[float, float]
 
 
-def write_scaled_priors(path: Path, time_scale: float) -> None:
-    """The engine's duration priors in the same (scaled) time as the calls it sees, as the runner
-    writes them before a benchmark."""
+# The estimators' starting point when the workload's distributions are not given to them (`--priors
+# generic`, the default): one second, as uncertain as it is long, for every type alike, in the workload's
+# unscaled time. Each estimator then learns the types from the calls it sees.
+GENERIC_PRIOR_S = (1.0, 1.0)
+PRIOR_MODES = ("generic", "table1", "x0.3", "x3")
+
+
+def check_priors(mode: str) -> str:
+    if mode not in PRIOR_MODES:
+        raise ValueError(f"unknown priors {mode!r}; choose one of {', '.join(PRIOR_MODES)}")
+    return mode
+
+
+def write_priors(path: Path, mode: str, time_scale: float) -> None:
+    """The engine's duration priors as a benchmark gives them, in the same (scaled) time as the calls:
+    `generic` (GENERIC_PRIOR_S for every type: no policy is told the generator's distribution), `table1`
+    (the exact family and parameters the workload samples from: an oracle, reported as its own row), or
+    Table 1 misspecified by a factor (`x0.3`, `x3`: means and spreads scaled, to show robustness)."""
     doc = yaml.safe_load(PRIORS.read_text())
+    factor = {"generic": None, "table1": 1.0, "x0.3": 0.3, "x3": 3.0}[check_priors(mode)]
     for st in doc["types"].values():
-        st["duration_s"] = [x * time_scale for x in st["duration_s"]]
+        given = GENERIC_PRIOR_S if factor is None else tuple(x * factor for x in st["duration_s"])
+        st["duration_s"] = [x * time_scale for x in given]
+    doc["priors"] = mode
     path.write_text(yaml.safe_dump(doc))
 
 

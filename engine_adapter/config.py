@@ -49,6 +49,9 @@ class EngineConfig:
     # policy's swap budgets use the link's bandwidth. None: the real copies, unthrottled.
     swap_link_gbps: float | None = None
     profile: str | None = None
+    # S as the core uses it instead of the profile's: the cap on chunking policies' iterations and the chunk
+    # of Eq. 4's recompute (None: the profile's measured S; the benchmark's budget pilot sets it).
+    saturation_tokens: int | None = None
     # Call-duration estimate for `infercept`: prior (type distribution, default) | dynamic | oracle.
     estimator: str = "prior"
     augmentation_priors: str | None = None  # YAML with the Table 1 priors (None: the shipped augmentations.yaml)
@@ -74,6 +77,8 @@ class EngineConfig:
             raise ValueError("kv_cache_gib must be a positive number")
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError("num_kv_blocks must be at least 2")
+        if self.saturation_tokens is not None and self.saturation_tokens < 1:
+            raise ValueError("saturation_tokens must be a positive number of tokens")
         if self.max_num_seqs < 1 or self.max_model_len < 16:
             raise ValueError("max_num_seqs must be >= 1 and max_model_len >= 16")
         names = [t.name for t in self.triggers]
@@ -125,6 +130,7 @@ class EngineConfig:
             "turn_end_type": self.turn_end_type,
             "demotion_reserve_blocks": self.demotion_reserve_blocks,
             "profile": self.profile,
+            "saturation_tokens": self.saturation_tokens,
             "swap_link_gbps": self.swap_link_gbps,
             "estimator": self.estimator,
             "augmentation_priors": self.augmentation_priors,
@@ -175,6 +181,7 @@ class CoreConfig:
     estimator: str = "prior"
     augmentation_priors: str | None = None
     swap_link_gbps: float | None = None
+    saturation_tokens: int | None = None
 
     @classmethod
     def from_additional_config(cls, additional: Mapping[str, Any] | None) -> CoreConfig:
@@ -190,6 +197,7 @@ class CoreConfig:
             estimator=str(d.get("estimator", "prior")),
             augmentation_priors=d.get("augmentation_priors"),
             swap_link_gbps=d.get("swap_link_gbps"),
+            saturation_tokens=d.get("saturation_tokens"),
         )
 
 

@@ -131,21 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
     bench.set_defaults(func=_cmd_bench_overhead)
     bench = sub.add_parser("bench", help="the paper's evaluation: policies side by side over request rates and seeds")
     bench.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
-    bench.add_argument("--policies", help="comma-separated; the bound unlimited-kv is always added "
-                       "(default: discard,vllm-apc,preserve,ttl,swap,infercept; --quick: discard,vllm-apc,infercept)")
-    bench.add_argument("--rates", help="requests/s, comma-separated (default 3,6,9,12; --quick 4)")
+    bench.add_argument("--policies", help="comma-separated, POLICY or POLICY@PRIORS; the bound unlimited-kv is always added "
+                       "(default: discard,vllm-apc,continuum,preserve,swap,infercept-paper,infercept and infercept's rows with "
+                       "the other priors; --quick: discard,vllm-apc,infercept)")
+    bench.add_argument("--priors", default="generic", help="duration priors of every estimator: generic (default: the same "
+                       "guess for every type, learned online) | table1 (the workload's own: an oracle) | x0.3 | x3 (misspecified)")
+    bench.add_argument("--rates", help="the rate grid, requests/s, comma-separated (default 3,6,9,12; --quick 4)")
+    bench.add_argument("--refine", type=int, help="bisection rounds per policy and seed after the grid (default 2; --quick 0)")
+    bench.add_argument("--rel-tol", type=float, default=0.1, help="bisection stops when knee and first failure are this close")
     bench.add_argument("--seeds", help="workload seeds, comma-separated (default 1,2,3; --quick 1)")
-    bench.add_argument("--duration", type=float, help="seconds of arrivals per rate (default 10; --quick 6)")
+    bench.add_argument("--duration", type=float, help="seconds of arrivals per rate (default 30; --quick 6)")
     bench.add_argument("--time-scale", type=float, help="multiply call durations (default 0.1; --quick 0.02)")
     bench.add_argument("--kv-tokens", type=int, help="KV cache size in tokens (default 24576)")
     bench.add_argument("--link-gbps", type=float, help="emulated swap link GB/s (default 0.25; 0 = off)")
-    bench.add_argument("--token-budget", type=int, help="max_num_batched_tokens of every engine (default: the profile's S)")
-    bench.add_argument("--tune-baselines", action="store_true",
-                       help="pilot each baseline and the bound at S, 2S and vLLM's default budget; sweep each at its best")
-    bench.add_argument("--pilot-rates", help="rates of the --tune-baselines pilot (default: the two middle rates)")
+    bench.add_argument("--token-budget", type=int, help="S, the budget of every engine not piloted (default: the profile's S)")
+    bench.add_argument("--no-pilot", action="store_true", help="skip the budget pilot (every policy at S, 2S, vLLM's default)")
+    bench.add_argument("--pilot-rates", help="rates of the budget pilot (default: the middle of the grid)")
+    bench.add_argument("--profile", help="the tiny model's profile to use (default: a full run measures one on this machine)")
     bench.add_argument("--ablation", action="store_true", help="also the paper's Fig. 3 ablation, step by step")
     bench.add_argument("--model", help="default: tiny (see benchmarks/runner.py for why)")
     bench.add_argument("--slo-factor", type=float, default=5.0)
+    bench.add_argument("--ttft-factor", type=float, default=10.0,
+                       help="a rate passes only if new requests' p99 time to first token is within this x its unloaded p90 (0: off)")
     bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
     bench.add_argument("--out", default="results/bench")
     bench.set_defaults(func=_cmd_bench)

@@ -18,14 +18,14 @@ from pathlib import Path
 from infercept.benchmarks.metrics import Turn, turn_timing
 from infercept.benchmarks.replay import VARIANTS, EngineRun, Setting
 from infercept.benchmarks.runner import Plan, context_tokens, make_workloads
-from infercept.benchmarks.workload import write_scaled_priors
+from infercept.benchmarks.workload import write_priors
 
 
 async def run(label: str, seed: int, rate: float, out: Path, token_budget: int = 512) -> None:
     s = Setting()
     tmp = Path(tempfile.mkdtemp(prefix="bound-check-"))
-    s.priors_path = str(tmp / "priors.yaml")
-    write_scaled_priors(Path(s.priors_path), s.time_scale)  # as the runner writes them
+    s.priors_dir = str(tmp)
+    write_priors(tmp / f"priors-{s.priors}.yaml", s.priors, s.time_scale)  # as the runner writes them
     plan = Plan(workload="mixed", labels=[label], rates=[4.0, 8.0, 12.0], duration_s=10.0, seeds=[seed], token_budget=token_budget,
                 tune=False, ablation=False, slo_factor=5.0, setting=s, out=tmp, command="")
     wl = make_workloads(plan)

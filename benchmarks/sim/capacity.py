@@ -28,7 +28,6 @@ from typing import Any
 
 from infercept.benchmarks.metrics import BOUND
 from infercept.benchmarks.metrics import pct as _pct
-from infercept.benchmarks.replay import TABLE1
 from infercept.benchmarks.runner import context_tokens
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.request import SimRequest, from_workload
@@ -97,7 +96,6 @@ class ClosedLoop:
         req = self.pool[self._count % len(self.pool)]
         self._count += 1
         r = from_workload(dataclasses.replace(req, arrival_s=at), self.bench.setting.time_scale,
-                          TABLE1[req.aug_type].duration_s[0] if req.aug_type in TABLE1 else None,
                           zero_calls=self.v.zero_calls, rid_prefix=f"s{session}-{self._count}-")
         self._session_of[r.rid] = session
         if self.ramp_s <= at < self.ramp_s + self.window_s:

@@ -60,14 +60,14 @@ class SimRequest:
         self.turn_left = self.turns[0].decode_tokens
 
 
-def from_workload(req: Request, time_scale: float, table_mean_s: float | None, *, zero_calls: bool = False,
+def from_workload(req: Request, time_scale: float, *, zero_calls: bool = False,
                   rid_prefix: str = "r", arrival_s: float | None = None) -> SimRequest:
     """The simulator's copy of one workload request, as the benchmark replays it (call durations
-    scaled by `time_scale`; zero-time calls for the bound that has none)."""
+    scaled by `time_scale`; zero-time calls for the SLO's reference). As in the benchmark's replay, the
+    engine is told the call's type but not its expected duration."""
     turns = [Turn(c.decode_tokens, 0.0 if zero_calls else c.duration_s * time_scale, c.returned_tokens) for c in req.calls]
     turns.append(Turn(req.final_decode_tokens, None))
     rid = f"{rid_prefix}{req.rid}"
-    expected = None if table_mean_s is None else table_mean_s * time_scale
-    return SimRequest(rid=rid, session_id=rid, aug_type=req.aug_type, expected_call_s=expected,
+    return SimRequest(rid=rid, session_id=rid, aug_type=req.aug_type, expected_call_s=None,
                       arrival_s=req.arrival_s if arrival_s is None else arrival_s, turns=turns,
                       prompt_tokens=len(req.prompt))

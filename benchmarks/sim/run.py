@@ -12,7 +12,6 @@ from typing import Any
 
 from infercept.benchmarks.metrics import Outcome, summarize
 from infercept.benchmarks.metrics import pct as _pct
-from infercept.benchmarks.replay import TABLE1
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.request import SimRequest, from_workload
 from infercept.benchmarks.sim.setup import SimBench, variant
@@ -22,8 +21,7 @@ from infercept.benchmarks.workload import Request
 def sim_requests(reqs: Sequence[Request], bench: SimBench, label: str, prefix: str) -> list[SimRequest]:
     v = variant(label)
     s = bench.setting
-    return [from_workload(r, s.time_scale, TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None,
-                          zero_calls=v.zero_calls, rid_prefix=prefix) for r in reqs]
+    return [from_workload(r, s.time_scale, zero_calls=v.zero_calls, rid_prefix=prefix) for r in reqs]
 
 
 def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
@@ -92,7 +90,7 @@ def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence
     lat = []
     for i, r in enumerate(reqs[:n]):
         sim = from_workload(dataclasses.replace(r, arrival_s=0.0), bench.setting.time_scale,
-                            TABLE1[r.aug_type].duration_s[0] if r.aug_type in TABLE1 else None, zero_calls=True,
+                            zero_calls=True,
                             rid_prefix=f"cal{i}-")
         sim.arrival_s = sim.arrival_time = eng.now
         eng.submit(sim)

@@ -13,23 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.replay import VARIANTS, Setting, Variant
+from infercept.benchmarks.replay import VARIANTS, Setting, Variant, variant
 from infercept.benchmarks.sim.cost import KVSpill, make_cost
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.scheduler import SimScheduler
-from infercept.benchmarks.workload import write_scaled_priors
+from infercept.benchmarks.workload import PRIOR_MODES, write_priors
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import policy_spec
-
-
-def variant(label: str) -> Variant:
-    v = VARIANTS.get(label)
-    if v is None:
-        raise ValueError(f"unknown policy {label!r}; choose from {', '.join(VARIANTS)}")
-    return v
 
 
 def make_setting(**kw: Any) -> Setting:
@@ -66,8 +59,9 @@ class SimBench:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.profile_path = self.workdir / "profile.json"
         self.profile_path.write_text(self.profile.to_json())
-        self.setting.priors_path = str(self.workdir / "priors_scaled.yaml")
-        write_scaled_priors(Path(self.setting.priors_path), self.setting.time_scale)
+        self.setting.priors_dir = str(self.workdir)
+        for mode in PRIOR_MODES:  # as the runner writes them
+            write_priors(self.workdir / f"priors-{mode}.yaml", mode, self.setting.time_scale)
 
     def frontend(self) -> tuple[float, float]:
         """The front end's share of a request's time to first token at an idle engine: what the

@@ -37,7 +37,7 @@ from infercept.benchmarks.workload import ShareGPT
 from engine_adapter.paths import configs_dir
 
 DEFAULT_PROFILE = configs_dir() / "profiles" / "tiny-cpu-bench.json"
-_NOT_SETTING = ("profile", "profile_data", "priors_path")
+_NOT_SETTING = ("profile", "profile_data", "priors_dir")
 HOST_GRID_S = tuple(i * 20e-6 for i in range(21))  # 0 to 400 us per held request per step
 PAIR_SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # x the profile grid's cost per attention pair
 

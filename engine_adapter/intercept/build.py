@@ -32,6 +32,9 @@ def load_profile(cfg: CoreConfig, model: str, device: str, kv_bytes_per_token: i
     else:
         prof = default_profile(model, device, kv_bytes_per_token, f"no measured profile ({' or '.join(map(str, searched))})")
         log.warning("InferCept core: %s; using built-in defaults (measure one with `infercept profile`)", prof.source)
+    if cfg.saturation_tokens is not None:
+        prof = dataclasses.replace(prof, saturation_tokens=cfg.saturation_tokens,
+                                   source=f"{prof.source}; S set to {cfg.saturation_tokens} by the configuration")
     if cfg.swap_link_gbps:
         # Swaps go over an emulated link: budgets and stall accounting use its bandwidth, and copies
         # overlap the forward pass as on a GPU's side stream.

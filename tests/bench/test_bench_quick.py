@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.bench.shape import check_headline, check_run
 
@@ -28,7 +29,7 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     policies = ["discard", "vllm-apc", "infercept", "unlimited-kv"]
     assert d["policies"] == policies and d["workload"] == "mixed" and d["seeds"] == [1]
     for key in ("command", "commit", "machine", "setting", "slo", "headline", "results", "requests_per_rate", "engines",
-                "token_budget", "baselines_tuned", "bound_violations"):
+                "token_budget", "baselines_tuned", "bound_violations", "order", "priors", "steady_state", "refine"):
         assert key in d, key
     assert d["command"].startswith("infercept bench --quick")
     assert d["setting"]["model"] == "tiny" and d["setting"]["kv_tokens"] > 0
@@ -46,6 +47,16 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     assert [r["when"] for r in refs] == ["before", "after"] and all(r["requests"] > 0 for r in refs)
     assert d["slo"]["unloaded_normalized_latency_s"] == min(r["median_s"] for r in refs)
     assert d["slo"]["slo_normalized_latency_s"] == d["slo"]["slo_factor"] * d["slo"]["unloaded_normalized_latency_s"]
+    # The second rule: new requests' p99 time to first token within 10x its unloaded p90.
+    best = min(refs, key=lambda r: r["median_s"])
+    assert d["slo"]["ttft_p99_bound_s"] == pytest.approx(10 * best["ttft_p90_s"]) and best["ttft_p90_s"] > 0
+    # No oracle: every estimator starts from the generic priors, written where the engines read them.
+    assert d["priors"]["run"] == "generic" and d["setting"]["priors"] == "generic"
+    generic = yaml.safe_load((tmp_path / "priors-generic.yaml").read_text())["types"]
+    assert {tuple(t["duration_s"]) for t in generic.values()} == {(0.02, 0.02)}  # 1 s for every type, x time scale 0.02
+    # One round (no refinement in --quick), its policies in a shuffled order that is recorded.
+    (rnd,) = d["order"]["1"]
+    assert sorted(rnd) == sorted(policies)
     for p in policies:
         check_headline(d["headline"][p], ["discard", "vllm-apc", "ttl", "bound"])
         (run,) = d["results"][p]["1"].values()
@@ -54,3 +65,14 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     for png in d["plots"]:
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert d["plots"] == ["fig2_latency_vs_rate.png"]  # the ablation figure needs --ablation
+    # Every point was saved as it finished: the same command again measures nothing and says so.
+    again = subprocess.run([str(exe), "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                           timeout=300, cwd=REPO, env={**os.environ})
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resuming {tmp_path}: 6 points already measured" in again.stderr  # 2 references + 4 policies
+    d2 = json.loads((tmp_path / "bench.json").read_text())
+    assert d2["headline"] == d["headline"] and d2["resumed_points"] == 6
+    # A different plan in the same folder is refused, naming what differs.
+    other = subprocess.run([str(exe), "bench", "--quick", "--rates", "5", "--out", str(tmp_path)], capture_output=True,
+                           text=True, timeout=300, cwd=REPO, env={**os.environ})
+    assert other.returncode == 2 and "another plan (differs in rates" in other.stderr

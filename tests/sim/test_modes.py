@@ -37,7 +37,7 @@ def test_the_simulator_is_deterministic_for_a_seed(tmp_path: Path) -> None:
 
     a, b = once("a"), once("b")
     for x in (a, b):
-        x["setting"].pop("priors_path")  # each run's own temporary folder
+        x["setting"].pop("priors_dir")  # each run's own temporary folder
     assert a == b
     assert a["results"]["swap"]["7"]["4"]["swapped_out_tokens"] > 0 and a["results"]["infercept"]["7"]["4"]["intercepts"] > 0
     assert a["headline"]["ttl"]["max_rate_at_slo"] == 4.0 and a["headline"]["ttl"]["censored"]  # within the SLO

@@ -1,0 +1,55 @@
+"""A benchmark's measured points on disk, so that a long run survives the end of its process.
+
+Every finished point (one policy at one token budget, seed and rate, or one SLO reference) is written to
+`OUT/points/<key>.json` the moment it completes. The plan that produced them is kept in `OUT/plan.json`:
+running the same command again continues where it stopped and skips what is there; a different plan
+or a different commit in the same folder is refused (mixing them would compare policies measured on
+different code or settings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+
+class PlanMismatch(ValueError):
+    pass
+
+
+def _dump(doc: Any) -> str:
+    return json.dumps(doc, indent=1, sort_keys=True, default=lambda o: None if o == float("inf") else str(o))
+
+
+class PointStore:
+    def __init__(self, out: Path, plan: dict[str, Any]) -> None:
+        self.dir = out / "points"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        path = out / "plan.json"
+        if path.is_file():
+            old = json.loads(path.read_text())
+            diff = sorted(k for k in set(old) | set(plan) if old.get(k) != plan.get(k))
+            if diff:
+                raise PlanMismatch(f"{out} holds points of another plan (differs in {', '.join(diff)}: "
+                                   f"{ {k: old.get(k) for k in diff} } vs { {k: plan.get(k) for k in diff} }); "
+                                   "finish that one with its own command, or choose another --out")
+        else:
+            path.write_text(_dump(plan))
+        self.resumed = len(list(self.dir.glob("*.json")))
+
+    @staticmethod
+    def key(*parts: object) -> str:
+        return "__".join(str(p).replace("/", "-").replace(" ", "") for p in parts)
+
+    def get(self, key: str) -> Any | None:
+        path = self.dir / f"{key}.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+
+    def put(self, key: str, value: Any) -> None:
+        # Written aside and renamed, so that a process killed mid-write leaves no half point behind.
+        path = self.dir / f"{key}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(_dump(value))
+        os.replace(tmp, path)
