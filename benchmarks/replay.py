@@ -42,7 +42,7 @@ VARIANTS: dict[str, Variant] = {name: Variant(name, name) for name in POLICY_NAM
     BOUND: Variant(BOUND, "preserve", unlimited_kv=True),
 }
 # Policies a user of vLLM would tune (--tune-baselines): everything that is not InferCept's, and the bound.
-BASELINES = ("discard", "vllm-apc", "preserve", "ttl", "improved-discard", BOUND)
+BASELINES = ("discard", "vllm-apc", "vllm-offload", "preserve", "ttl", "improved-discard", BOUND)
 ABLATION = (("improved-discard", "improved-discard"), ("+ chunked recompute at S", "chunked-discard"),
             ("+ budgeted swap", "swap"), ("+ preserve heuristic", "swap-heuristic"),
             ("+ min-waste (paper estimate)", "infercept-paper"),
