@@ -54,7 +54,7 @@ from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, Share
 from engine_adapter.paths import configs_dir
 from engine_adapter.policy.table import policy_spec
 
-DEFAULT_POLICIES = ("discard", "vllm-apc", "continuum", "preserve", "swap", "infercept-paper", "infercept", BOUND)
+DEFAULT_POLICIES = ("discard", "vllm-apc", "vllm-offload", "continuum", "preserve", "swap", "infercept-paper", "infercept", BOUND)
 QUICK_POLICIES = ("discard", "vllm-apc", "infercept", BOUND)
 PRIOR_ROWS_OF = ("infercept",)  # the policies that get `@table1`/`@x0.3`/`@x3` rows in a full run
 PROFILE_GRID = (64, 256, 512, 1024, 2048)  # the tiny model's profile, as shipped (tiny-cpu-bench.json)

@@ -38,10 +38,11 @@ class EngineConfig:
     turn_end_type: str = "chat"
     # Free blocks kept in reserve beyond the next step's need before preserved KV is demoted.
     demotion_reserve_blocks: int = 0
-    # Swap (policies `swap` and `infercept`): host buffer size, and the performance profile the
-    # waste equations and swap budgets use (None: <model>-<device>.json measured on this machine in
-    # $INFERCEPT_HOME/profiles or shipped in infercept.configs/profiles, else built-in defaults, which the
-    # engine logs as the profile's source; a path given here must exist).
+    # Swap (policies `swap` and `infercept`; `vllm-offload`'s host tier takes the same size and link): host
+    # buffer size, and the performance profile the waste equations and swap budgets use (None:
+    # <model>-<device>.json measured on this machine in $INFERCEPT_HOME/profiles or shipped in
+    # infercept.configs/profiles, else built-in defaults, which the engine logs as the profile's source; a
+    # path given here must exist).
     swap_space_gib: float = 1.0
     # Emulated device<->host link (GB/s) for swaps, for experiments on machines whose copies are far
     # cheaper than a GPU's PCIe link (RAM to RAM here): each iteration's copies take at least

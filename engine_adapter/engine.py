@@ -308,15 +308,28 @@ def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -
     from engine_adapter.swap_connector import CONNECTOR_NAME, MODULE_PATH
 
     kv_transfer = None
-    if intercept and policy_spec(cfg.policy).swap:
+    spec = policy_spec(cfg.policy)
+    link = cfg.swap_link_gbps * 1e9 if cfg.swap_link_gbps else None
+    if intercept and spec.swap:
         from vllm.config import KVTransferConfig
 
         kv_transfer = KVTransferConfig(
             kv_connector=CONNECTOR_NAME,
             kv_connector_module_path=MODULE_PATH,
             kv_role="kv_both",
-            kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib,
-                                       "link_bytes_per_s": cfg.swap_link_gbps * 1e9 if cfg.swap_link_gbps else None},
+            kv_connector_extra_config={"swap_space_gib": cfg.swap_space_gib, "link_bytes_per_s": link},
+        )
+    elif intercept and spec.host_tier:
+        from vllm.config import KVTransferConfig
+
+        from engine_adapter import offload_connector
+
+        # The same host buffer size and link as the swap policies, under vLLM's own offloading connector.
+        kv_transfer = KVTransferConfig(
+            kv_connector=offload_connector.CONNECTOR_NAME,
+            kv_connector_module_path=offload_connector.MODULE_PATH,
+            kv_role="kv_both",
+            kv_connector_extra_config=offload_connector.extra_config(cfg.swap_space_gib, link),
         )
     extra = dict(scheduler_cls=SCHEDULER_CLS, kv_transfer_config=kv_transfer,
                  additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()}) if intercept else {}

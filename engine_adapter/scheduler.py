@@ -37,6 +37,7 @@ from engine_adapter.intercept.build import build_core
 from engine_adapter.intercept.records import RECORDS_KEY
 from engine_adapter.intercept.reports import check_integrity, engine_stats, to_dict
 from engine_adapter.intercept.state import PauseInfo, ResumeKind
+from engine_adapter.offload_connector import InterceptOffloadingConnector
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
 from engine_adapter.triggers import TriggerMatcher, find_call
 from engine_adapter.vllm_port import VllmPort, compile_grammar
@@ -205,8 +206,9 @@ class InterceptScheduler(Scheduler):
     def infercept_stats(self) -> dict[str, Any]:
         counts = self.ic_port.block_counts(self.ic.paused_ids(on_device=True))
         waiting = len(self.waiting) + len(self.kv_holding_waiting)
+        tier = self.connector.host_tier_report() if isinstance(self.connector, InterceptOffloadingConnector) else None
         return to_dict(engine_stats(self.ic, counts, running=len(self.running), waiting=waiting, now=time.monotonic(),
-                                    token_budget=self._ic_engine_budget))
+                                    token_budget=self._ic_engine_budget, host_tier=tier))
 
     def infercept_intercepts(self, session_id: str | None = None) -> list[dict[str, Any]]:
         return [r.to_dict() for r in self.ic.ledger.of_session(session_id)]

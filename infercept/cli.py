@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="the paper's evaluation: policies side by side over request rates and seeds")
     bench.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
     bench.add_argument("--policies", help="comma-separated, POLICY or POLICY@PRIORS; the bound unlimited-kv is always added "
-                       "(default: discard,vllm-apc,continuum,preserve,swap,infercept-paper,infercept and infercept's rows with "
+                       "(default: discard,vllm-apc,vllm-offload,continuum,preserve,swap,infercept-paper,infercept and infercept's rows with "
                        "the other priors; --quick: discard,vllm-apc,infercept)")
     bench.add_argument("--priors", default="generic", help="duration priors of every estimator: generic (default: the same "
                        "guess for every type, learned online) | table1 (the workload's own: an oracle) | x0.3 | x3 (misspecified)")

@@ -8,7 +8,7 @@ The setting, and where each number comes from:
   exps/6B_bench.sh), plus 4.5 and 5 so that every policy's SLO crossing is inside the sweep; its
   128 GiB host swap space (`--swap-space 128` there);
 * one token budget for every policy, S from the profile (the benchmark's rule: `--token-budget`);
-* every policy of the benchmark (`infercept.benchmarks.replay.VARIANTS`), the bound `unlimited-kv` included: KV
+* every policy of the benchmark the simulator models (`setup.SIMULATED_LABELS`: not `vllm-offload`), the bound `unlimited-kv` included: KV
   for every request's context at once (the runner's rule) and, unlike the bench's tiny setting, a
   running slot for every context too (256 slots would otherwise bound the bound: paused sessions hold
   their slots, and minutes-long calls at 5 requests/s keep hundreds paused);
@@ -23,8 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.replay import VARIANTS
-from infercept.benchmarks.sim.setup import SimBench, load_profile, make_setting
+from infercept.benchmarks.sim.setup import SIMULATED_LABELS, SimBench, load_profile, make_setting
 from infercept.benchmarks.sim.sweep import sweep
 from engine_adapter.policy.table import DEFAULT_TTL_S
 from engine_adapter.paths import configs_dir
@@ -35,7 +34,7 @@ PAPER_PROFILES = {"gptj-6b": PROFILES / "gptj-6b-a100-80gb.json", "llama2-70b": 
 # the sweep; Llama-2-70B: the paper gives no rates for it here, these bracket every policy's crossing.
 PAPER_RATES = {"gptj-6b": (1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5.0),
                "llama2-70b": (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 5.0, 6.0)}
-ALL_POLICIES = tuple(VARIANTS)
+ALL_POLICIES = SIMULATED_LABELS  # every benchmark policy the simulator models
 
 
 def paper_model(profile: str) -> str | None:

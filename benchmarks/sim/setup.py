@@ -1,7 +1,8 @@
 """From a benchmark setting to a simulated engine, through the same code the benchmark and the engine
 use: the replay's `Setting.engine_config(variant, token_budget)` gives the engine configuration
 (the bound's KV included), its `core_config()` the intercept core's, and `build_core` assembles the
-core as vLLM's scheduler does. Every policy is one of the benchmark's `VARIANTS`."""
+core as vLLM's scheduler does. Every policy is one of the benchmark's `VARIANTS`, except those in
+`NOT_SIMULATED`, which are refused with the reason."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.replay import VARIANTS, Setting, Variant, variant
+from infercept.benchmarks.replay import VARIANTS, Setting, Variant
+from infercept.benchmarks.replay import variant as bench_variant
 from infercept.benchmarks.sim.cost import KVSpill, make_cost
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.pool import BlockPool
@@ -23,6 +25,22 @@ from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import policy_spec
+
+
+# Benchmark policies the simulator refuses rather than simulate wrongly, with the reason.
+NOT_SIMULATED: Mapping[str, str] = {
+    # Its pool would be vllm-apc's: no host tier, no stores, no loads over the link.
+    "vllm-offload": "the simulator does not model vLLM's host KV tier (OffloadingConnector); run it with "
+                    "`infercept bench`, or simulate vllm-apc, its policy without the host tier",
+}
+SIMULATED_LABELS: tuple[str, ...] = tuple(label for label in VARIANTS if label not in NOT_SIMULATED)
+
+
+def variant(label: str) -> Variant:
+    """The benchmark's `replay.variant`, refusing what the simulator does not model."""
+    if label.partition("@")[0] in NOT_SIMULATED:
+        raise ValueError(f"policy {label!r} cannot be simulated: {NOT_SIMULATED[label.partition('@')[0]]}")
+    return bench_variant(label)
 
 
 def make_setting(**kw: Any) -> Setting:

@@ -94,6 +94,16 @@ class SwapReport:
 
 
 @dataclass(frozen=True)
+class HostTierReport:
+    """What vLLM's host KV tier did (policy `vllm-offload`; `offload_connector.py`)."""
+
+    host_blocks: int  # the host buffer, in whole KV blocks
+    blocks_stored: int  # blocks copied to the host
+    loads: int  # prefix hits served from the host
+    tokens_loaded: int  # tokens those loads brought back to the device
+
+
+@dataclass(frozen=True)
 class ProfileReport:
     source: str
     device: str
@@ -118,6 +128,7 @@ class EngineStats:
     waste: WasteReport
     profile: ProfileReport
     swap: SwapReport | None = None
+    host_tier: HostTierReport | None = None
 
 
 @dataclass(frozen=True)
@@ -133,7 +144,7 @@ class Integrity:
 
 # ---------------------------------------------------------------------- built from the core's state
 def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, waiting: int, now: float,
-                 token_budget: int) -> EngineStats:
+                 token_budget: int, host_tier: HostTierReport | None = None) -> EngineStats:
     totals = core.ledger.totals_at(now)
     paused = [e for e in core.entries.values() if e.state.paused]
     swapped = sum(len(e.host.slots) for e in paused if e.host and e.state is KvState.SWAPPED)
@@ -146,7 +157,7 @@ def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, wait
         waste=core.meter.report(totals.preserved_token_seconds),
         profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
                               {str(k): v for k, v in prof.refinement().items()}),
-        swap=swap_report(core),
+        swap=swap_report(core), host_tier=host_tier,
     )
 
 

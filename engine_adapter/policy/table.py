@@ -7,6 +7,7 @@ the README's table read the names, summaries and flags from this table.
 |-------------------|------------------|--------------------------------------------|--------------------|--------------|------------|
 | discard           | freed            |                                            | new arrival (back) | off          | budget     |
 | vllm-apc          | freed            |                                            | new arrival (back) | on           | budget     |
+| vllm-offload      | freed            | its blocks stay in the host tier (LRU)     | new arrival (back) | on           | budget     |
 | preserve          | kept             |                                            | original arrival   | off          | budget     |
 | ttl               | kept             | freed after ttl_s[type]                    | original arrival   | off          | budget     |
 | continuum         | kept             | freed after a TTL learned per tool         | original arrival   | on           | budget     |
@@ -20,6 +21,10 @@ the README's table read the names, summaries and flags from this table.
 "budget" is the engine's per-iteration token budget (`max_num_batched_tokens`, the same for every policy
 in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
 recomputation proceeds in S-sized chunks (a no-op when the budget already is S).
+
+`vllm-offload` is vLLM's own host KV tier (its `OffloadingConnector`, generated tokens stored too): every
+full block computed is also copied to a host buffer of `swap_space_gib`, found again by its prefix-cache
+hash; a resume loads from there what the device's prefix cache lost (`engine_adapter/offload_connector.py`).
 
 Whatever the policy, preserved KV is given back under memory pressure (`decide.demotion_order`);
 `infercept` copies it to the host instead where the host buffer has room (`swap_under_pressure`).
@@ -63,6 +68,10 @@ class PolicySpec:
     # instead of read from the engine's per-type table (`engine.ttl_s`).
     ttl_online: bool = False
     swap: bool = False  # needs the host buffer and the swap connector
+    # vLLM's host KV tier (OffloadingConnector over our data mover): every computed full block is stored to
+    # the host by its prefix-cache hash, and loaded back on a later prefix hit. It is the engine's KV connector,
+    # so not with swap; it finds blocks by hash, so only with prefix caching.
+    host_tier: bool = False
     decide: StepDecider | None = None  # per-iteration decisions over preserved paused requests
     # Cap every iteration at the profile's saturation point S, so that recomputation (and prefill)
     # proceeds in S-sized chunks (paper Sec. 4.3).
@@ -79,6 +88,8 @@ class PolicySpec:
             raise ValueError(f"policy {self.name}: swapping under pressure needs swap=True")
         if self.ttl_online and not self.ttl:
             raise ValueError(f"policy {self.name}: an online time-to-live needs ttl=True")
+        if self.host_tier and (self.swap or not self.prefix_caching):
+            raise ValueError(f"policy {self.name}: the host tier needs prefix caching and excludes swap (one KV connector)")
         if self.swap and self.prefix_caching:
             # A swap-in maps host slot i onto the request's i-th device block (`InterceptCore.load_allocated`);
             # prefix-cache hits ahead of the loaded tokens would shift that mapping.
@@ -102,6 +113,8 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.DISCARD, keep_arrival_time=False),
     PolicySpec("vllm-apc", "free the KV at every pause; freed blocks stay hittable in the prefix cache (today's vLLM)",
                Action.DISCARD, keep_arrival_time=False, prefix_caching=True),
+    PolicySpec("vllm-offload", "vllm-apc with vLLM's host KV tier: every computed block is also stored to host memory (swap_space_gib, LRU) and loaded back on a prefix hit the device cache lost",
+               Action.DISCARD, keep_arrival_time=False, prefix_caching=True, host_tier=True),
     PolicySpec("preserve", "keep the KV in the cache during every call", Action.PRESERVE),
     PolicySpec("ttl", "keep the KV for a fixed per-type time-to-live (engine.ttl_s), then free it",
                Action.PRESERVE, ttl=True),

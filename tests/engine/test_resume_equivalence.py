@@ -50,8 +50,8 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
     policy = engine.config.policy
     assert first_rec.policy == policy and first_rec.aug_type == "chat"
     assert first_rec.call_duration_s >= 0.4
-    assert policy in ("preserve", "discard", "improved-discard", "chunked-discard", "ttl", "vllm-apc", "swap",
-                      "swap-heuristic", "infercept-paper", "infercept"), f"add the expected outcome of {policy}"
+    assert policy in ("preserve", "discard", "improved-discard", "chunked-discard", "ttl", "vllm-apc", "vllm-offload",
+                      "swap", "swap-heuristic", "infercept-paper", "infercept"), f"add the expected outcome of {policy}"
     if policy == "preserve":
         assert first_rec.restored_by == "preserve"
         assert first_rec.tokens_kept == first_rec.context_tokens
@@ -61,8 +61,9 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
         assert first_rec.kv_fate == ("ttl-expired" if policy == "ttl" else "discard")
         assert first_rec.restored_by == "recompute"
         assert first_rec.tokens_recomputed == first_rec.context_tokens
-    elif policy == "vllm-apc":
-        # Freed blocks stay hittable: every full block of the context comes back from the cache.
+    elif policy in ("vllm-apc", "vllm-offload"):
+        # Freed blocks stay hittable: every full block of the context comes back from the device's cache
+        # (nothing evicted them, so the host tier has nothing to add: tests/engine/test_host_tier.py).
         block = (await engine.stats()).block_size
         assert first_rec.context_tokens >= 2 * block
         assert first_rec.tokens_prefix_hit == first_rec.context_tokens // block * block
@@ -71,7 +72,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
         # With nothing else running the engine does not step during the call, so no copy starts and
         # the KV simply stays (tests/engine/test_swap.py drives real swaps).
         assert first_rec.restored_by == "preserve" and first_rec.tokens_recomputed == 0
-    if policy in ("discard", "vllm-apc"):
+    if policy in ("discard", "vllm-apc", "vllm-offload"):
         assert first_rec.requeued_arrival_time > first_rec.arrival_time  # back of the queue
     else:
         assert first_rec.requeued_arrival_time == first_rec.arrival_time  # FCFS kept

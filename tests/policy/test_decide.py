@@ -26,6 +26,7 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
     [
         ("discard", Action.DISCARD, False, False, False),
         ("vllm-apc", Action.DISCARD, False, True, False),
+        ("vllm-offload", Action.DISCARD, False, True, False),  # vllm-apc with vLLM's host tier
         ("improved-discard", Action.DISCARD, True, False, False),
         ("preserve", Action.PRESERVE, True, False, False),
         ("ttl", Action.PRESERVE, True, False, False),
@@ -47,6 +48,7 @@ def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool,
     chunked = ("chunked-discard", "swap", "swap-heuristic", "infercept-paper", "infercept")
     assert spec.chunk_at_saturation == (name in chunked)
     assert spec.estimator == ("dynamic" if name in ("swap-heuristic", "infercept-paper") else None)
+    assert spec.host_tier == (name == "vllm-offload")
 
 
 def test_ttl_expiry_per_type() -> None:
@@ -97,7 +99,7 @@ def test_unknown_policy_and_names() -> None:
     with pytest.raises(ValueError, match="unknown policy 'lru'; choose one of discard, "):
         policy_spec("lru")
     assert set(POLICY_NAMES) == set(POLICIES) == {
-        "discard", "vllm-apc", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
+        "discard", "vllm-apc", "vllm-offload", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
         "infercept-paper", "infercept", "continuum"}
 
 
@@ -108,3 +110,14 @@ def test_policy_table_refuses_swap_with_prefix_caching() -> None:
     with pytest.raises(ValueError, match="swap and prefix caching together are not supported"):
         dataclasses.replace(policy_spec("infercept"), prefix_caching=True)
     assert not any(p.swap and p.prefix_caching for p in POLICIES.values())
+
+
+def test_policy_table_host_tier_needs_prefix_caching_and_no_swap() -> None:
+    # vLLM's host tier finds blocks by their prefix-cache hash, and it is the engine's one KV connector.
+    import dataclasses
+
+    spec = policy_spec("vllm-offload")
+    with pytest.raises(ValueError, match="the host tier needs prefix caching"):
+        dataclasses.replace(spec, prefix_caching=False)
+    with pytest.raises(ValueError, match="excludes swap"):
+        dataclasses.replace(spec, prefix_caching=False, swap=True)

@@ -13,6 +13,7 @@ import pytest
 from infercept.benchmarks.replay import VARIANTS
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.run import run_rate
+from infercept.benchmarks.sim.setup import SIMULATED_LABELS
 from engine_adapter.intercept.records import Fate
 from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
 
@@ -127,7 +128,7 @@ def test_vllm_preempts_the_newest_running_request_when_decode_runs_out_of_blocks
     assert eng.sched.pool.num_free() == eng.sched.pool.num_blocks
 
 
-@pytest.mark.parametrize("policy", list(VARIANTS))
+@pytest.mark.parametrize("policy", list(SIMULATED_LABELS))
 def test_every_policy_keeps_the_core_consistent_under_memory_pressure(tmp_path: Path, policy: str) -> None:
     # 40 blocks for 12 requests of ~300 tokens: paused contexts compete for memory and slots.
     bench = toy_bench(tmp_path, kv_tokens=640, max_num_seqs=6, profile=toy_profile(swap_bytes_per_s=2e6),
@@ -214,3 +215,12 @@ def test_swap_heuristic_keeps_short_calls_and_swaps_long_ones(tmp_path: Path) ->
     assert len(eng.finished) == 3
     assert recs["short"].kv_fate is Fate.PRESERVE and recs["short"].tokens_recomputed == 0
     assert recs["long"].kv_fate is Fate.SWAP and recs["long"].tokens_swapped_in == recs["long"].context_tokens
+
+
+def test_the_host_tier_policy_is_refused_not_simulated_as_vllm_apc(tmp_path: Path) -> None:
+    from infercept.benchmarks.sim.paper import ALL_POLICIES
+
+    assert "vllm-offload" in VARIANTS and "vllm-offload" not in ALL_POLICIES
+    assert set(VARIANTS) - set(SIMULATED_LABELS) == {"vllm-offload"}
+    with pytest.raises(ValueError, match="'vllm-offload' cannot be simulated: the simulator does not model vLLM's host KV tier"):
+        toy_bench(tmp_path).engine("vllm-offload")
