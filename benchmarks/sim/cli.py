@@ -7,6 +7,7 @@
     infercept simulate --paper [--model gptj-6b|llama2-70b]       # the paper's Figure 2 setting, every policy
     infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
                                                                   # (--profile: a name or its file under configs/profiles/)
+    infercept simulate --sensitivity [--seeds 1,2,3]               # the bench setting over device KV x link
     infercept simulate --profile P --policies a,b --rates 1,2 --duration 300  # any sweep
 """
 
@@ -27,6 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     mode.add_argument("--paper", action="store_true", help="the paper's Figure 2 setting on a derived GPU profile, all policies")
     mode.add_argument("--sessions", type=int, metavar="N", help="capacity planning: concurrent sessions sustained at the SLO, up to N")
     mode.add_argument("--quick", action="store_true", help="a short sweep (under a minute; what CI runs)")
+    mode.add_argument("--sensitivity", action="store_true",
+                      help="the benchmark's setting at device KV x0.5/1/2/4 and a link of 0.1/0.25/1 GB/s, every simulated policy")
     p.add_argument("--profile", default="gptj-6b", help="gptj-6b | llama2-70b | a profile JSON path (default gptj-6b)")
     p.add_argument("--model", choices=("gptj-6b", "llama2-70b"), help="--paper: which of the paper's settings (default gptj-6b)")
     p.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
@@ -121,6 +124,14 @@ def main(args: argparse.Namespace) -> int:
                                                                else f"results/sim/paper_scale_{model}.json")
         if args.out or not args.quick:
             _write(res, Path(args.out or default))
+    elif args.sensitivity:
+        from infercept.benchmarks.sim import sensitivity as sens
+
+        res = sens.sensitivity(_labels(args, sens.POLICIES), rates=_floats(args.rates) or sens.RATES,
+                               duration_s=args.duration or 30.0, seeds=_seeds(args, "1,2,3"), workload=args.workload)
+        res = {"command": _command(), **res}
+        print(sens.table(res))
+        _write(res, Path(args.out or "results/sim/sensitivity.json"))
     elif args.sessions:
         from infercept.benchmarks.sim.capacity import capacity
         from infercept.benchmarks.sim.paper import PAPER_PROFILES, PaperRun, paper_model

@@ -25,9 +25,9 @@ def at_highest_passing(runs: Mapping[str, Mapping[str, Any]], slo_s: float) -> M
     return max(ok, key=lambda r: r["rate"]) if ok else None
 
 
-def headline(runs: Runs, slo_s: float) -> dict[str, dict[str, Any]]:
+def headline(runs: Runs, slo_s: float, ttft_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
     """bench.json's headline over `runs[policy][seed][rate]` at one SLO, plus the true-stall waste share."""
-    head = bench_headline(runs, slo_s)
+    head = bench_headline(runs, slo_s, ttft_slo_s)
     for label, by_seed in runs.items():
         xs = [best["waste_share_true_stall"] for best in (at_highest_passing(r, slo_s) for r in by_seed.values())
               if best is not None and best.get("waste_share_true_stall") is not None]

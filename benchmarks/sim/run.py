@@ -87,7 +87,7 @@ def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence
                      n: int = CALIBRATION_REQUESTS) -> dict[str, Any]:
     """The SLO's reference, as the runner measures it: the first requests one at a time with
     zero-time calls (the bound's replay), on an otherwise idle engine."""
-    lat = []
+    lat, ttft = [], []
     for i, r in enumerate(reqs[:n]):
         sim = from_workload(dataclasses.replace(r, arrival_s=0.0), bench.setting.time_scale,
                             zero_calls=True,
@@ -98,4 +98,6 @@ def unloaded_latency(eng: SimEngine, bench: SimBench, label: str, reqs: Sequence
         o = outcome(sim, i, 0.0)
         if o.normalized_latency is not None:
             lat.append(o.normalized_latency)
-    return {"requests": len(lat), "median_s": _pct(lat, 0.5), "p90_s": _pct(lat, 0.9)}
+        if o.first_token_s is not None:
+            ttft.append(o.first_token_s - o.arrival_s)
+    return {"requests": len(lat), "median_s": _pct(lat, 0.5), "p90_s": _pct(lat, 0.9), "ttft_p90_s": _pct(ttft, 0.9)}

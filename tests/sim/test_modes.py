@@ -187,3 +187,20 @@ def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         for seed_runs in res["results"][lab].values():
             for run in seed_runs.values():
                 check_run(run, res["setting"]["kv_tokens"], turns_timed=False)
+
+
+def test_sensitivity_grid_names_the_best_peer_in_each_cell() -> None:
+    from infercept.benchmarks.sim.sensitivity import sensitivity, table
+
+    res = sensitivity(["vllm-apc", "continuum", "infercept"], kv_factors=(0.5, 2.0), links_gbps=(1.0,), rates=(1.0, 3.0),
+                      duration_s=4.0, seeds=(1,))
+    assert [(c["kv_factor"], c["link_gbps"]) for c in res["cells"]] == [(0.5, 1.0), (2.0, 1.0)]
+    assert res["policies"][-1] == "unlimited-kv"  # the bound is always simulated beside them
+    for c in res["cells"]:
+        assert set(c["max_rate_at_slo"]) == {"vllm-apc", "continuum", "infercept", "unlimited-kv"}
+        assert c["best_peer"] in ("vllm-apc", "continuum")  # neither the subject nor the bound
+        peer = c["max_rate_at_slo"][c["best_peer"]]
+        if peer:
+            assert c["ratio_vs_best_peer"] == c["max_rate_at_slo"]["infercept"] / peer
+    assert res["cells"][1]["kv_tokens"] == 4 * res["cells"][0]["kv_tokens"]
+    assert "x0.5" in table(res) and "1 GB/s" in table(res)
