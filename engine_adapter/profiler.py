@@ -88,6 +88,25 @@ def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int
     return timed(True), timed(False)
 
 
+class ImplausibleProfile(RuntimeError):
+    """The measured T_fwd curve cannot be a forward pass's (noise from a busy machine swamped it)."""
+
+
+def check_fwd(grid: tuple[int, ...], fwd: tuple[float, ...]) -> None:
+    """For a CPU grid whose every point costs more than one token (a GPU runs small batches in the time of
+    one, so its small-N points are legitimately near zero): T_fwd must be measurably positive and must not fall by half from one grid point to the next: a
+    curve that does came from a machine busy with something else, and its saturation point would be
+    wrong (one T_fwd swamped to zero makes that point look free, and S collapses to it)."""
+    for n, t in zip(grid, fwd):
+        if t <= 1e-5:
+            raise ImplausibleProfile(f"T_fwd({n} tokens) measured {t * 1000:.3f} ms, not above the per-request cost: "
+                                     "measure again on an idle machine")
+    for (n0, t0), (n1, t1) in zip(zip(grid, fwd), zip(grid[1:], fwd[1:])):
+        if t1 < 0.5 * t0:
+            raise ImplausibleProfile(f"T_fwd fell from {t0 * 1000:.2f} ms at {n0} tokens to {t1 * 1000:.2f} ms at {n1}: "
+                                     "measure again on an idle machine")
+
+
 async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: int, out: Path | None) -> Profile:
     from transformers import AutoConfig
 

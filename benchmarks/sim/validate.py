@@ -206,9 +206,14 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
-    res = sweep(sb, labels, [float(r) for r in bj["rates"]], float(bj["duration_s"]), seeds, workload=bj["workload"],
-                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, sharegpt_model=sharegpt, verbose=verbose)
-    own = headline(res["results"], res["slo"]["slo_normalized_latency_s"])
+    ttft_slo = bj["slo"].get("ttft_p99_bound_s")
+    # Every rate the bench tried (its bisection probes each policy and seed at rates of its own): the
+    # simulator runs them all, so that both knees are found on the same points.
+    tried = sorted({float(r["rate"]) for lab in labels for runs in (bj["results"].get(lab) or {}).values() for r in runs.values()}
+                   | {float(r) for r in bj["rates"]})
+    res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
+                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, sharegpt_model=sharegpt, verbose=verbose)
+    own = headline(res["results"], res["slo"]["slo_normalized_latency_s"], res["slo"]["ttft_p99_bound_s"])
     out_pol: dict[str, Any] = {}
     per_rate: dict[str, Any] = {}
     for lab in labels:
