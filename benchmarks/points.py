@@ -3,8 +3,8 @@
 Every finished point (one policy at one token budget, seed and rate, or one SLO reference) is written to
 `OUT/points/<key>.json` the moment it completes. The plan that produced them is kept in `OUT/plan.json`:
 running the same command again continues where it stopped and skips what is there; a different plan
-or a different commit in the same folder is refused (mixing them would compare policies measured on
-different code or settings).
+or different code (`runner.code_digest`: commits to docs or tests do not count) in the same folder is
+refused (mixing them would compare policies measured on different code or settings).
 """
 
 from __future__ import annotations

@@ -90,7 +90,7 @@ class Plan:
                 "slo_factor": self.slo_factor, "pilot_rates": self.pilot_rates, "refine": self.refine, "rel_tol": self.rel_tol,
                 "ttft_factor": self.ttft_factor, "reprofile": self.reprofile, "calibration_requests": self.calibration_requests,
                 "setting": {k: v for k, v in asdict(s).items() if k not in ("profile", "priors_dir", "unlimited_kv_tokens", "unlimited_kv_slots")},
-                "commit": git_commit(), "dirty": git_dirty()}
+                "code": code_digest(), "dirty": git_dirty()}
 
 
 def machine() -> dict[str, Any]:
@@ -116,9 +116,18 @@ def git_commit() -> str | None:
     return _git("rev-parse", "HEAD")
 
 
+CODE_PATHS = ("engine_adapter", "benchmarks", "configs", "infercept", "gateway", "augmentations", "pyproject.toml")
+
+
+def code_digest() -> str | None:
+    """The committed code a run's points were measured with: git's hashes of the code's trees, so that a
+    resumed run must run the same code while commits to docs or tests in between do not stop it."""
+    return _git("rev-parse", *(f"HEAD:{p}" for p in CODE_PATHS))
+
+
 def git_dirty() -> bool | None:
-    """Whether tracked code differs from the commit (a resumed run must run the same code)."""
-    out = _git("status", "--porcelain", "--untracked-files=no")
+    """Whether the code differs from the commit (uncommitted changes a resumed run could not check)."""
+    out = _git("status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS)
     return None if out is None else bool(out)
 
 
@@ -300,7 +309,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
     with tqdm(total=total, desc="bench", unit="point", file=sys.stderr) as bar:
         b = Bench(plan, bar, workloads)
         if b.store.resumed:
-            print(f"resuming {plan.out}: {b.store.resumed} points already measured with this plan and commit", file=sys.stderr, flush=True)
+            print(f"resuming {plan.out}: {b.store.resumed} points already measured with this plan and code", file=sys.stderr, flush=True)
         # 1. The SLO's reference, before any policy (and again after the last: 4.).
         reference = [await b.reference("before")]
         # 2. Pilot: every policy at each budget tried; the sweep uses the best (lowest summed median

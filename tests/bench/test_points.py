@@ -10,7 +10,7 @@ from infercept.benchmarks.points import PlanMismatch, PointStore
 
 
 def test_points_survive_and_a_rerun_resumes(tmp_path: Path) -> None:
-    plan = {"rates": [3.0, 6.0], "commit": "abc"}
+    plan = {"rates": [3.0, 6.0], "code": "abc"}
     store = PointStore(tmp_path, plan)
     assert store.resumed == 0
     key = PointStore.key("round0", "infercept@x0.3", "512", 1, "4.5")
@@ -22,6 +22,13 @@ def test_points_survive_and_a_rerun_resumes(tmp_path: Path) -> None:
 
 
 def test_another_plan_or_commit_is_refused(tmp_path: Path) -> None:
-    PointStore(tmp_path, {"rates": [3.0, 6.0], "commit": "abc"})
-    with pytest.raises(PlanMismatch, match="differs in commit, rates"):
-        PointStore(tmp_path, {"rates": [3.0], "commit": "def"})
+    PointStore(tmp_path, {"rates": [3.0, 6.0], "code": "abc"})
+    with pytest.raises(PlanMismatch, match="differs in code, rates"):
+        PointStore(tmp_path, {"rates": [3.0], "code": "def"})
+
+
+def test_the_code_digest_follows_code_not_docs() -> None:
+    from infercept.benchmarks.runner import CODE_PATHS, code_digest
+
+    digest = code_digest()
+    assert digest is not None and len(digest.split()) == len(CODE_PATHS)  # one tree or blob hash per path
