@@ -440,14 +440,17 @@ def main(args: Any) -> int:
         print("error: rates must be positive and at least one seed given", file=sys.stderr)
         return 2
     budget = args.token_budget or (int(prof["saturation_tokens"]) if prof else 512)
-    if getattr(args, "pilot_rates", None):
+    tune = not quick and not args.no_pilot
+    if not tune:
+        pilot_rates: list[float] = []  # no pilot: its rates are no part of the plan
+    elif getattr(args, "pilot_rates", None):
         pilot_rates = [float(r) for r in args.pilot_rates.split(",")]
     else:
         pilot_rates = [sorted(rates)[(len(rates) - 1) // 2]]  # the middle of the grid
     refine = args.refine if args.refine is not None else (0 if quick else 2)
     command = "infercept " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("infercept") else " ".join(sys.argv)
     plan = Plan(workload=args.workload, labels=labels, rates=rates, duration_s=args.duration or (6.0 if quick else 30.0),
-                seeds=seeds, token_budget=budget, tune=not quick and not args.no_pilot, ablation=args.ablation,
+                seeds=seeds, token_budget=budget, tune=tune, ablation=args.ablation,
                 slo_factor=args.slo_factor, setting=s, out=Path(args.out), command=command, pilot_rates=pilot_rates,
                 refine=refine, rel_tol=args.rel_tol, ttft_factor=args.ttft_factor or None,
                 reprofile=not quick and not args.profile, budget_from_profile=not args.token_budget)
