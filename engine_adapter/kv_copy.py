@@ -35,6 +35,7 @@ adversarial order (the other stream first, as far as its dependencies allow). Th
 from __future__ import annotations
 
 import os
+import weakref
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -241,22 +242,37 @@ def meminfo_bytes(field: str) -> int | None:
 PINNED_EXACT_ABOVE_MB = 64
 
 
-def exact_pinned_above_mb(mb: int = PINNED_EXACT_ABOVE_MB) -> None:
+def exact_pinned_above_mb(mb: int = PINNED_EXACT_ABOVE_MB) -> bool:
     """PyTorch's pinned allocator rounds an allocation up to a power of two (224 GiB pinned for a 128 GiB
     buffer) and caches freed blocks in power-of-two buckets. Above `pinned_max_cached_size_mb` it does
     neither: the size is exact and the block is freed, not cached (a non-power-of-two block must never
     sit in a bucket, which hands out its blocks without checking their size). A process-wide setting, so
-    a fixed value, only ever lowered (never raised above one set before)."""
+    a fixed value, only ever lowered (never raised above one set before). False where this torch has no
+    such setting (2.11 rejects the key: measured on an H200 by scripts/gpu_check.py)."""
     try:
         items = [x for x in torch._C._accelerator_getAllocatorSettings().split(",") if x.strip()]
         for item in items:
             key, _, value = item.partition(":")
             if key.strip() == "pinned_max_cached_size_mb" and value.strip().isdigit() and int(value) <= mb:
-                return
+                return True
         keep = [x for x in items if x.partition(":")[0].strip() != "pinned_max_cached_size_mb"]
         torch._C._accelerator_setAllocatorSettings(",".join([*keep, f"pinned_max_cached_size_mb:{mb}"]))
-    except (AttributeError, RuntimeError):
-        pass  # an older torch: the buffer may be rounded up (gpu_check's pinned_exact row shows it)
+        return True
+    except (AttributeError, RuntimeError, ValueError):
+        return False
+
+
+def _register_pinned(nbytes: int) -> torch.Tensor:
+    """An exact-size buffer page-locked in place with cudaHostRegister (for a torch whose allocator would
+    round it up). Unregistered when the tensor is collected; the copier holds it for its whole life, and
+    a copy from memory unregistered early would only be slower (staged), never wrong."""
+    t = torch.empty(nbytes, dtype=torch.uint8)
+    cudart = torch.cuda.cudart()
+    err = cudart.cudaHostRegister(t.data_ptr(), nbytes, 0)
+    if int(getattr(err, "value", err)) != 0:
+        raise RuntimeError(f"cudaHostRegister failed: {err}")
+    weakref.finalize(t, cudart.cudaHostUnregister, t.data_ptr())
+    return t
 
 
 def allocate_host(nbytes: int, pin: bool, ranks_on_host: int = 1, available: int | None = None) -> torch.Tensor:
@@ -273,8 +289,9 @@ def allocate_host(nbytes: int, pin: bool, ranks_on_host: int = 1, available: int
     if not pin:
         # Mapped by the OS as slots are first written (no cost at start for a large, mostly unused buffer).
         return torch.empty(nbytes, dtype=torch.uint8)
-    exact_pinned_above_mb()
     try:
+        if nbytes > PINNED_EXACT_ABOVE_MB * 2**20 and not exact_pinned_above_mb():
+            return _register_pinned(nbytes)
         return torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
     except RuntimeError as e:
         raise RuntimeError(f"swap space: cannot pin {nbytes / gib:.2f} GiB of host memory ({e}); lower "
