@@ -161,7 +161,7 @@ class AgentSession:
             "model": self.ctx.engine.model_path,
             "settings": {"system": self.system, "tools": self.tools, "client_tools": self.client_tools,
                          "max_tokens": self.max_tokens, "temperature": self.es.sampling.get("temperature", 0.0),
-                         "seed": self.es.sampling.get("seed")},
+                         "seed": self.es.sampling.get("seed"), "ignore_eos": self.es.sampling.get("ignore_eos", False)},
             "state": self.state,
             "pending_call_id": self.pending.call.call_id if self.pending is not None else None,
             "usage": dict(self.usage), "last_end_reason": self.last_end_reason,

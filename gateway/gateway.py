@@ -312,7 +312,8 @@ class Gateway:
         return out
 
     async def open_session(self, *, system: str | None, tools: list[str], client_tools: dict[str, dict[str, Any]],
-                           max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False) -> AgentSession:
+                           max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False,
+                           ignore_eos: bool = False) -> AgentSession:
         ctx = self.require_ready()
         self._refuse_if_draining()
         limit = self.config.server.max_sessions
@@ -320,7 +321,7 @@ class Gateway:
             raise ApiError(429, "too_many_sessions", f"the server holds its limit of {limit} sessions; close one",
                            retry_after=RETRY_SESSIONS_S)
         return await self.table.open(ctx, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
-                                     temperature=temperature, seed=seed, ephemeral=ephemeral)
+                                     temperature=temperature, seed=seed, ephemeral=ephemeral, ignore_eos=ignore_eos)
 
     def durable_sessions(self) -> int:
         return self.table.durable_count()

@@ -113,7 +113,7 @@ async def create_session(request: web.Request) -> web.Response:
         raise ApiError(400, "invalid_request", f"'max_tokens' must be at most {limit} (the model's context length)")
     s = await gw.open_session(system=body.system, tools=tools, client_tools=client_tools,
                               max_tokens=body.max_tokens or gw.config.server.max_tokens,
-                              temperature=body.temperature, seed=body.seed)
+                              temperature=body.temperature, seed=body.seed, ignore_eos=body.ignore_eos)
     assert s.token is not None  # a new session's token, shown this once
     return json_body(SessionCreated(id=s.id, token=s.token, tools=s.tools, client_tools=list(s.client_tools),
                                     state=s.public_state()), status=201)

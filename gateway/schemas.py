@@ -111,6 +111,8 @@ class CreateSession(Body):
     max_tokens: int | None = Field(None, ge=1, description="per model turn; at most the model's context length")
     temperature: float = Field(0.0, ge=0, le=2)
     seed: int | None = Field(None, ge=-(2**63), le=2**63 - 1)
+    ignore_eos: bool = Field(False, description="every model turn runs to max_tokens or a tool call, past the end "
+                                                "token (load tests that need fixed output lengths)")
 
 
 class PostMessage(Body):

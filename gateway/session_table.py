@@ -52,12 +52,14 @@ class SessionTable:
         return [s.public_state() for s in self.live.values()]
 
     async def open(self, ctx: AgentContext, *, system: str | None, tools: list[str], client_tools: dict[str, dict[str, Any]],
-                   max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False) -> AgentSession:
+                   max_tokens: int, temperature: float, seed: int | None, ephemeral: bool = False,
+                   ignore_eos: bool = False) -> AgentSession:
         hints: dict[str, ToolHint] = ctx.registry.hints(tools)
         for name, spec in client_tools.items():
             hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
         sid = (EPHEMERAL_PREFIX if ephemeral else "sess-") + secrets.token_hex(12)
-        es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=max_tokens, temperature=temperature, seed=seed)
+        es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=max_tokens, temperature=temperature, seed=seed,
+                                     ignore_eos=ignore_eos)
         s = AgentSession(ctx, es, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
                          store=None if ephemeral else self.store)
         self.live[sid] = s
@@ -181,7 +183,8 @@ class SessionTable:
         for name, spec in settings["client_tools"].items():
             hints[name] = ToolHint(str(spec.get("type") or "default"), spec.get("expected_s"))
         es = ctx.engine.open_session(session_id=sid, tools=hints, max_tokens=int(settings["max_tokens"]),
-                                     temperature=float(settings["temperature"]), seed=settings["seed"], history=folded.context)
+                                     temperature=float(settings["temperature"]), seed=settings["seed"],
+                                     ignore_eos=bool(settings.get("ignore_eos", False)), history=folded.context)
         try:
             s = AgentSession.restored(ctx, es, folded, stored.token_hash, self.store)
         except BaseException:
