@@ -203,6 +203,13 @@ def max_rate_at_slo(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_sl
     return knee([(float(r["rate"]), meets_slo(r, slo_s, ttft_slo_s)) for r in runs.values()])
 
 
+def run_at_knee(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None) -> Mapping[str, Any]:
+    """The run at the max rate within the SLO (`knee`), or the lowest rate's run where none passed."""
+    best, _ = max_rate_at_slo(runs, slo_s, ttft_slo_s)
+    passing = [r for r in runs.values() if float(r["rate"]) == best and meets_slo(r, slo_s, ttft_slo_s)]
+    return passing[0] if passing else min(runs.values(), key=lambda r: r["rate"])
+
+
 def next_probe(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None, rel_tol: float) -> float | None:
     """Bisection: the rate to try next between the knee and the lowest failing rate, or None once they
     are within `rel_tol` of each other (or nothing failed: the knee is censored)."""
@@ -265,11 +272,7 @@ def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
         rates = {str(seed): max_rate_at_slo(by_rate, slo_s, ttft_slo_s) for seed, by_rate in by_seed.items()}
         knees[label] = {seed: r for seed, (r, _) in rates.items()}
         values = list(knees[label].values())
-        at_slo = []
-        for seed, by_rate in by_seed.items():
-            best = knees[label][str(seed)]
-            passing = [r for r in by_rate.values() if float(r["rate"]) == best and meets_slo(r, slo_s, ttft_slo_s)]
-            at_slo.append(passing[0] if passing else min(by_rate.values(), key=lambda r: r["rate"]))
+        at_slo = [run_at_knee(by_rate, slo_s, ttft_slo_s) for by_rate in by_seed.values()]
         per[label] = {
             "max_rate_at_slo": statistics.median(values), "max_rate_min": min(values), "max_rate_max": max(values),
             "max_rate_by_seed": dict(knees[label]),

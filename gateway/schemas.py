@@ -179,13 +179,14 @@ class InterceptEvent(EventData):
     engine_policy: str | None
     context_tokens: int | None
     expected_duration_s: float | None
+    ttl_s: float | None = None  # TTL policies (continuum, ttl): how long the KV is kept before it goes
 
     @classmethod
     def of(cls, call: CallRecord, rec: InterceptRecord | None) -> InterceptEvent:
         """A call's pause, as its record keeps it (`CallRecord.paused`), with the engine's policy."""
         return cls(call_id=call.call_id, tool=call.tool, type=call.aug_type, policy=call.policy,
                    engine_policy=rec.policy if rec else None, context_tokens=call.context_tokens,
-                   expected_duration_s=rec.expected_duration_s if rec else None)
+                   expected_duration_s=rec.expected_duration_s if rec else None, ttl_s=rec.ttl_s if rec else None)
 
 
 class ToolResultEvent(EventData):

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from infercept.benchmarks.metrics import headline as bench_headline
+from infercept.benchmarks.metrics import meets_slo, run_at_knee
 
 Runs = Mapping[str, Mapping[int, Mapping[str, Mapping[str, Any]]]]  # runs[policy][seed][rate] = a run's summary
 
@@ -19,18 +20,14 @@ def points(runs: Mapping[str, Mapping[str, Any]]) -> list[tuple[float, float | N
     return [(float(r["rate"]), r["normalized_latency_s"]["median"]) for r in runs.values()]
 
 
-def at_highest_passing(runs: Mapping[str, Mapping[str, Any]], slo_s: float) -> Mapping[str, Any] | None:
-    ok = [r for r in runs.values() if r["normalized_latency_s"]["median"] is not None
-          and r["normalized_latency_s"]["median"] <= slo_s]
-    return max(ok, key=lambda r: r["rate"]) if ok else None
-
-
 def headline(runs: Runs, slo_s: float, ttft_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
     """bench.json's headline over `runs[policy][seed][rate]` at one SLO, plus the true-stall waste share."""
     head = bench_headline(runs, slo_s, ttft_slo_s)
     for label, by_seed in runs.items():
-        xs = [best["waste_share_true_stall"] for best in (at_highest_passing(r, slo_s) for r in by_seed.values())
-              if best is not None and best.get("waste_share_true_stall") is not None]
+        # at the run headline() reads its other numbers from: the knee by the same rule, TTFT included
+        knee_runs = [run_at_knee(r, slo_s, ttft_slo_s) for r in by_seed.values()]
+        xs = [best["waste_share_true_stall"] for best in knee_runs
+              if meets_slo(best, slo_s, ttft_slo_s) and best.get("waste_share_true_stall") is not None]
         head[label]["waste_share_at_slo_rate_true_stall"] = statistics.median(xs) if xs else None
     return head
 

@@ -167,3 +167,18 @@ async def test_a_batch_the_store_cannot_commit_becomes_a_store_unavailable_error
     assert s.state == "idle" and s.transcript[-1] == {"role": "assistant", "content": "Thought: ", "interrupted": True,
                                                       "reason": "store_unavailable"}
     ctx.metrics.disconnects.inc.assert_not_called()
+
+
+def test_the_intercept_event_carries_a_ttl_policys_ttl() -> None:
+    """A TTL policy (continuum) sets how long the KV stays at the pause; the client's event shows it."""
+    from engine_adapter.intercept.records import InterceptRecord
+    from gateway.records import CallRecord
+    from gateway.schemas import InterceptEvent
+
+    call = CallRecord(call_id="call_1", tool="Calculator", arguments="1+1", kind="server")
+    rec = InterceptRecord(intercept_id=1, session_id="s", request_id="r", aug_type="math", trigger="Calculator",
+                          tool="Calculator", policy="continuum", context_tokens=40, paused_at_s=0.0, ttl_s=2.5)
+    call.paused(rec)
+    ev = InterceptEvent.of(call, rec)
+    assert ev.ttl_s == 2.5 and ev.engine_policy == "continuum"
+    assert InterceptEvent.of(call, None).ttl_s is None
