@@ -172,6 +172,8 @@ class InterceptScheduler(Scheduler):
 
     # ------------------------------------------------------------------ per iteration
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        if self.ic.spec.new_first:
+            self.ic_port.waiting_ahead(self.ic.waiting_order)  # before demotion reads the head
         budget = self.ic.before_schedule(self.ic_port.step_view, time.monotonic())
         if budget is not None:
             self.max_num_scheduled_tokens = min(budget, self._ic_engine_budget)

@@ -86,6 +86,24 @@ class VllmPort:
             return
         queue.insert(arrival_index(queue, request.arrival_time), request)
 
+    def waiting_ahead(self, order: Callable[[Iterable[StepRequest], int, StepLimits], list[str]]) -> int:
+        """Let `order` (the core's `waiting_order`) pick requests of the plain waiting queue (ready ones, in
+        queue order) to move to its front, keeping their order; how many moved. A priority queue keeps
+        its own order."""
+        queue = self.s.waiting
+        if not hasattr(queue, "insert") or not queue:
+            return 0
+        ready = [r for r in queue if r.status in _READY]
+        ids = order((self._step_request(r, r.num_tokens) for r in ready), self.num_free_blocks(), self._limits())
+        if not ids:
+            return 0
+        wanted = set(ids)
+        ahead = [r for r in queue if r.request_id in wanted]
+        rest = [r for r in queue if r.request_id not in wanted]
+        queue.clear()
+        queue.extend(ahead + rest)
+        return len(ahead)
+
     # ------------------------------------------------------------------ the step being built
     def step_view(self) -> StepView:
         """The step vLLM is about to build (`intercept/step.py` has the rule), over its own queues."""
@@ -93,9 +111,12 @@ class VllmPort:
         running = (self._step_request(r, r.num_tokens_with_spec + r.num_output_placeholders) for r in s.running)
         admissible = (self._step_request(r, r.num_tokens) for q in (s.kv_holding_waiting, s.waiting) for r in q
                       if r.status in _READY)
-        return step_view(running, admissible, StepLimits(
-            token_budget=s.max_num_scheduled_tokens, block_size=s.block_size, max_model_len=s.max_model_len,
-            reserve_full_isl=s.scheduler_reserve_full_isl, lookahead_tokens=s.num_lookahead_tokens))
+        return step_view(running, admissible, self._limits())
+
+    def _limits(self) -> StepLimits:
+        s = self.s
+        return StepLimits(token_budget=s.max_num_scheduled_tokens, block_size=s.block_size, max_model_len=s.max_model_len,
+                          reserve_full_isl=s.scheduler_reserve_full_isl, lookahead_tokens=s.num_lookahead_tokens)
 
     def _step_request(self, req: Request, num_tokens: int) -> StepRequest:
         held = len(self.request_blocks(req.request_id))

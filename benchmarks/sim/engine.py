@@ -125,6 +125,8 @@ class SimEngine:
     # ================================================================== one step
     def _step(self) -> bool:
         core, sched = self.core, self.sched
+        if core.spec.new_first:
+            sched.waiting_ahead(core.waiting_order)  # before demotion reads the head, as the engine
         budget = core.before_schedule(sched.step_view, self.now)
         sched.max_num_scheduled_tokens = sched.default_budget if budget is None else min(budget, sched.default_budget)
         out = sched.schedule()

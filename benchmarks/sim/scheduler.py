@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,6 +112,19 @@ class SimScheduler:
         """Resumed without KV on the device: into the waiting queue at its arrival time's place."""
         r.status, r.num_computed = Status.WAITING, 0
         self.waiting.insert(arrival_index(self.waiting, r.arrival_time), r)
+
+    def waiting_ahead(self, order: Callable[[Iterable[StepRequest], int, StepLimits], list[str]]) -> int:
+        """The engine port's `waiting_ahead` over the simulated waiting queue."""
+        if not self.waiting:
+            return 0
+        ids = order((StepRequest(r.rid, r.num_computed, r.num_tokens, len(r.blocks)) for r in self.waiting),
+                    self.pool.num_free(), self._limits())
+        if not ids:
+            return 0
+        wanted = set(ids)
+        ahead = [r for r in self.waiting if r.rid in wanted]
+        self.waiting[:] = ahead + [r for r in self.waiting if r.rid not in wanted]
+        return len(ahead)
 
     def loads_done(self, rids: list[str]) -> None:
         """Their last swap-in chunk was copied in the step that just ran: vLLM hears of it with the

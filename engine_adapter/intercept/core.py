@@ -26,6 +26,7 @@ from engine_adapter.intercept.state import (
     ResumeKind,
     StepView,
 )
+from engine_adapter.intercept.step import StepLimits, StepRequest, new_first
 from engine_adapter.intercept.swap import StepCopies, SwapPlanner
 from engine_adapter.policy.decide import (
     DecisionInput,
@@ -54,6 +55,9 @@ class CoreSettings:
     # does. Off for engines that zero newly allocated blocks before the forward (their zeroing would run
     # before the copy).
     release_when_copied: bool = True
+    # Policies with `new_first`: how many consecutive steps one blocked resumed head may be passed over by
+    # new requests before the queue is first-come-first-served again for it (so it cannot starve).
+    new_first_max_steps: int = 128
 
 
 class InterceptCore:
@@ -72,7 +76,9 @@ class InterceptCore:
         self._released_now: set[int] = set()  # device blocks of swap-outs released in the step being built
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
+        self.passed_over_steps = 0  # steps whose new requests went ahead of a blocked resumed head
         self._last_running_tokens = 0  # the running batch's context at the last step (continuum's reload cost)
+        self._passed_over: tuple[str, int] | None = None  # (blocked resumed head, steps it was passed over)
         # Read-only watchers (experiments, tracing): called after every change of an entry's KvState, with
         # the engine's clock where the transition has one (None for the copies the workers report). They
         # must not change the entry; the core never reads what they do.
@@ -290,6 +296,29 @@ class InterceptCore:
             # tokens only lengthen the iteration (paper Sec. 4.3). Never above the engine's own budget.
             return max(self.profile.saturation_tokens, view.get().running_requests + 1)
         return None
+
+    def waiting_order(self, waiting: Iterable[StepRequest], free_blocks: int, limits: StepLimits) -> list[str]:
+        """Requests of the waiting queue (in its order, ready ones only) to move to its front before vLLM
+        builds the step: with `new_first`, the new requests when a resumed head cannot be admitted
+        (`step.new_first`), for at most `new_first_max_steps` steps of the same head."""
+        if not self.spec.new_first:
+            return []
+        queue = list(waiting)
+        if not queue:
+            self._passed_over = None
+            return []
+        head = queue[0]
+        new_ids = [r.request_id for r in queue if r.request_id not in self.entries and r.num_computed_tokens == 0]
+        move = new_first(head, new_ids, free_blocks, limits)
+        if not move:
+            self._passed_over = None
+            return []
+        steps = self._passed_over[1] + 1 if self._passed_over and self._passed_over[0] == head.request_id else 1
+        self._passed_over = (head.request_id, steps)
+        if steps > self.settings.new_first_max_steps:
+            return []
+        self.passed_over_steps += 1
+        return move
 
     def scheduled(self, new_requests: Iterable[tuple[str, int]], total_tokens: int) -> None:
         """vLLM built a step: the first schedule of a resumed request tells how its context came back

@@ -137,3 +137,22 @@ def arrival_index(queue: Sequence[Arrived], arrival_time: float) -> int:
     while i > 0 and queue[i - 1].arrival_time > arrival_time:
         i -= 1
     return i
+
+
+def new_first(head: StepRequest | None, new_ids: Sequence[str], free_blocks: int, limits: StepLimits) -> list[str]:
+    """The new requests (never scheduled: their first token still to come) to move ahead of the waiting
+    queue's head, in their queue order: all of them when the head is a resumed request whose whole
+    context cannot be admitted into the free blocks now, else none.
+
+    Why: under `reserve_full_isl` vLLM admits nothing past a head that does not fit. A resumed request
+    whose KV was freed or swapped needs its whole context at once (thousands of tokens) and waits for
+    running requests to finish; every new request behind it waits too, though its prompt would fit (on
+    the CPU benchmark at 6 req/s: 80% of the steps with a new request waiting had a resumed head that
+    did not fit, and new requests' p99 time to first token went 3x past its bound). The caller bounds how
+    long one head may be passed over (`InterceptCore.waiting_order`)."""
+    if head is None or not new_ids or head.request_id in new_ids:
+        return []
+    todo = max(0, min(head.num_tokens, limits.max_model_len) - head.num_computed_tokens)
+    adm = admission(head.num_computed_tokens, head.num_tokens, min(todo, max(1, limits.token_budget)), head.num_blocks,
+                    limits)
+    return [] if adm.fits(free_blocks) else list(new_ids)

@@ -80,6 +80,9 @@ class PolicySpec:
     # Under memory pressure, copy preserved KV to the host to make room for the head of the queue
     # (which waits the few steps the copy takes) instead of freeing it (`InterceptCore.demote`).
     swap_under_pressure: bool = False
+    # New requests go ahead of a resumed head of the waiting queue that cannot be admitted (its whole
+    # context does not fit the free blocks), for a bounded number of steps (`InterceptCore.waiting_order`).
+    new_first: bool = False
 
     def __post_init__(self) -> None:
         if self.at_pause is Action.SWAP and not self.swap:
@@ -133,6 +136,12 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
     PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; under memory pressure, preserved KV is swapped out rather than freed",
                Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True),
+    # Issue 33, first step: scheduling for agents. The per-iteration choice is infercept's; what changes is
+    # who waits. A resumed request whose KV went is queued at its return (vLLM's place for it), and new
+    # requests pass a resumed head that cannot be admitted, so that they do not starve behind it.
+    PolicySpec("infercept-admit", "infercept, with a resumed request whose KV went queued at its return, and new requests admitted ahead of a resumed head that does not fit (for a bounded number of steps), so that new requests do not starve",
+               Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_deferred, chunk_at_saturation=True,
+               swap_under_pressure=True, new_first=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

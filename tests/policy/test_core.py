@@ -517,3 +517,29 @@ def test_the_swap_budget_shrinks_to_the_forward_window_the_workers_measure() -> 
     for _ in range(200):
         core.step_done(0.015, {"r": 8}, resident_tokens=100, stall_s=0.005, window_s=0.005)
     assert core.swap.overlap == pytest.approx(0.5, abs=1e-3)
+
+
+def test_new_requests_pass_a_blocked_resumed_head_for_a_bounded_number_of_steps() -> None:
+    """infercept-admit: a resumed request whose KV went waits for its whole context to fit; new requests
+    behind it go first, at most `new_first_max_steps` steps in a row for the same head; then first come,
+    first served again (it cannot starve). Policies without `new_first` never reorder."""
+    from engine_adapter.intercept.step import StepLimits, StepRequest
+
+    pool = Pool(blocks=64)
+    core = make("infercept-admit", pool)
+    core.settings = dataclasses.replace(core.settings, new_first_max_steps=2)
+    lim = StepLimits(token_budget=256, block_size=BLOCK, max_model_len=4096)
+    pause(core, pool, "a", 600, now=1.0)  # 38 blocks
+    core.free(core.entries["a"], Fate.DISCARD, 1.0)
+    r = core.resume("a", now=2.0, new_arrival_time=5.0)
+    assert r is not None and r.kind is ResumeKind.RECOMPUTE and r.arrival_time == 5.0  # queued at its return
+    queue = [StepRequest("a", 0, 600, 0), StepRequest("n1", 0, 50, 0), StepRequest("n2", 0, 30, 0)]
+    assert core.waiting_order(queue, free_blocks=37, limits=lim) == ["n1", "n2"]
+    assert core.waiting_order(queue, free_blocks=37, limits=lim) == ["n1", "n2"]
+    assert core.waiting_order(queue, free_blocks=37, limits=lim) == []  # its third step blocked: its turn
+    assert core.passed_over_steps == 2
+    assert core.waiting_order(queue, free_blocks=38, limits=lim) == []  # it fits: the count starts over
+    assert core.waiting_order(queue, free_blocks=37, limits=lim) == ["n1", "n2"]
+    assert core.waiting_order(queue[1:], free_blocks=0, limits=lim) == []  # a new head is never passed
+    plain = make("infercept", Pool(blocks=64))
+    assert plain.waiting_order(queue, free_blocks=0, limits=lim) == []

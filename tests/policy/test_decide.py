@@ -36,19 +36,21 @@ def view(rid: str, aug: str = "math", ctx: int = 100, at: float = 0.0, exp: floa
         ("swap-heuristic", Action.PRESERVE, True, False, True),  # swapped per iteration when the call is long
         ("infercept-paper", Action.PRESERVE, True, False, True),
         ("infercept", Action.PRESERVE, True, False, True),  # decided per iteration afterwards
+        ("infercept-admit", Action.PRESERVE, False, False, True),  # queued at its return; new requests first
     ],
 )
 def test_policy_table(name: str, action: Action, keeps_arrival: bool, apc: bool, swap: bool) -> None:
     spec = policy_spec(name)
     assert pause_action(spec, ttl_for(DEFAULT_TTL_S, "math") if spec.ttl else None) is action
     assert (spec.keep_arrival_time, spec.prefix_caching, spec.swap) == (keeps_arrival, apc, swap)
-    assert spec.summary and (spec.decide is not None) == (name in ("swap-heuristic", "infercept-paper", "infercept"))
+    assert spec.summary and (spec.decide is not None) == (name in ("swap-heuristic", "infercept-paper", "infercept", "infercept-admit"))
     # The ablation adds one technique per step: chunking from chunked-discard on, the paper's estimate
     # until the last step.
-    chunked = ("chunked-discard", "swap", "swap-heuristic", "infercept-paper", "infercept")
+    chunked = ("chunked-discard", "swap", "swap-heuristic", "infercept-paper", "infercept", "infercept-admit")
     assert spec.chunk_at_saturation == (name in chunked)
     assert spec.estimator == ("dynamic" if name in ("swap-heuristic", "infercept-paper") else None)
     assert spec.host_tier == (name == "vllm-offload")
+    assert spec.new_first == (name == "infercept-admit")
 
 
 def test_ttl_expiry_per_type() -> None:
@@ -100,7 +102,7 @@ def test_unknown_policy_and_names() -> None:
         policy_spec("lru")
     assert set(POLICY_NAMES) == set(POLICIES) == {
         "discard", "vllm-apc", "vllm-offload", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
-        "infercept-paper", "infercept", "continuum"}
+        "infercept-paper", "infercept", "continuum", "infercept-admit"}
 
 
 def test_policy_table_refuses_swap_with_prefix_caching() -> None:

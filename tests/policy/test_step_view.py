@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 
 from engine_adapter.intercept.state import StepView
-from engine_adapter.intercept.step import Admission, StepLimits, StepRequest, admission, arrival_index, step_view
+from engine_adapter.intercept.step import Admission, StepLimits, StepRequest, admission, arrival_index, new_first, step_view
 
 BS = 16
 
@@ -96,3 +96,16 @@ def test_a_requeued_request_goes_after_everyone_who_arrived_no_later() -> None:
     q = [SimpleNamespace(arrival_time=t) for t in (1.0, 2.0, 2.0, 5.0)]
     assert [arrival_index(q, t) for t in (0.5, 2.0, 3.0, 9.0)] == [0, 3, 3, 4]
     assert arrival_index([], 1.0) == 0
+
+
+def test_new_requests_pass_a_resumed_head_only_when_it_does_not_fit() -> None:
+    lim = limits(256)
+    head = req("resumed", 0, 640, 0)  # a recompute of 640 tokens: 40 blocks for its whole sequence
+    assert new_first(head, ["n1", "n2"], free_blocks=39, limits=lim) == ["n1", "n2"]  # in queue order
+    assert new_first(head, ["n1", "n2"], free_blocks=40, limits=lim) == []  # it fits: first come, first served
+    assert new_first(head, [], free_blocks=0, limits=lim) == []  # nobody to pass it
+    assert new_first(req("n0", 0, 640, 0), ["n0", "n1"], free_blocks=0, limits=lim) == []  # the head is new itself
+    assert new_first(None, ["n1"], free_blocks=0, limits=lim) == []
+    # Without reserve_full_isl only this step's chunk must fit (16 blocks of a 256-token budget).
+    assert new_first(head, ["n1"], free_blocks=16, limits=limits(256, full=False)) == []
+    assert new_first(head, ["n1"], free_blocks=15, limits=limits(256, full=False)) == ["n1"]

@@ -75,3 +75,39 @@ def test_the_simulator_admits_a_prompt_by_reserve_full_isl(reserve_full_isl: boo
         assert out.tokens == {} and pool.num_free() == 8 and sched.waiting == [r]
     else:
         assert out.tokens == {r: 32} and len(r.blocks) == 2 and sched.running == [r] and r.num_computed == 32
+
+
+def test_the_simulator_and_the_port_move_the_same_requests_ahead() -> None:
+    """`waiting_ahead` (infercept-admit's new-first order): both hand the order function the ready requests
+    of the waiting queue in order with the free blocks and the step's limits, and move what it names to
+    the front, keeping its order and everyone else's."""
+    from vllm.v1.core.sched.request_queue import FCFSRequestQueue
+
+    from engine_adapter.intercept.step import new_first
+
+    seen: list[tuple[list[str], int]] = []
+
+    def order(queue: Any, free: int, limits: Any) -> list[str]:
+        reqs = list(queue)
+        seen.append(([r.request_id for r in reqs], free))
+        return new_first(reqs[0], [r.request_id for r in reqs if r.request_id.startswith("n")], free, limits)
+
+    # a resumed 640-token recompute (40 blocks) at the head, 30 blocks free, two new prompts behind it.
+    queue = [("r", 0, 640), ("n1", 0, 50), ("x", 0, 20), ("n2", 0, 30)]
+    pool = BlockPool(30, BS, prefix_caching=False)
+    sched = SimScheduler(pool, max_num_seqs=8, max_model_len=1000, token_budget=256)
+    sched.waiting = [sim_request(pool, rid, c, t, 0, Status.WAITING) for rid, c, t in queue]
+    assert sched.waiting_ahead(order) == 2
+    assert [r.rid for r in sched.waiting] == ["n1", "n2", "r", "x"]
+
+    fcfs = FCFSRequestQueue()
+    for rid, c, t in queue:
+        fcfs.add_request(SimpleNamespace(request_id=rid, num_computed_tokens=c, num_tokens=t, status=RequestStatus.WAITING))
+    s = SimpleNamespace(
+        waiting=fcfs, max_num_scheduled_tokens=256, block_size=BS, max_model_len=1000, scheduler_reserve_full_isl=True,
+        num_lookahead_tokens=0,
+        kv_cache_manager=SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: 30),
+                                         coordinator=SimpleNamespace(single_type_managers=[SimpleNamespace(req_to_blocks={})])))
+    assert VllmPort(s).waiting_ahead(order) == 2
+    assert [r.request_id for r in fcfs] == ["n1", "n2", "r", "x"] and isinstance(fcfs, FCFSRequestQueue)
+    assert seen[0] == seen[1] == (["r", "n1", "x", "n2"], 30)
