@@ -38,6 +38,9 @@ class EngineConfig:
     turn_end_type: str = "chat"
     # Free blocks kept in reserve beyond the next step's need before preserved KV is demoted.
     demotion_reserve_blocks: int = 0
+    # Policies that admit new requests ahead of a resumed request that does not fit (infercept-admit): how
+    # many steps in a row one such request may be passed over before it is first in line again.
+    new_first_max_steps: int = 128
     # Swap (policies `swap` and `infercept`; `vllm-offload`'s host tier takes the same size and link): host
     # buffer size, and the performance profile the waste equations and swap budgets use (None:
     # <model>-<device>.json measured on this machine in $INFERCEPT_HOME/profiles or shipped in
@@ -130,6 +133,7 @@ class EngineConfig:
             "ttl_s": dict(self.ttl_s),
             "turn_end_type": self.turn_end_type,
             "demotion_reserve_blocks": self.demotion_reserve_blocks,
+            "new_first_max_steps": self.new_first_max_steps,
             "profile": self.profile,
             "saturation_tokens": self.saturation_tokens,
             "swap_link_gbps": self.swap_link_gbps,
@@ -178,6 +182,7 @@ class CoreConfig:
     ttl_s: dict[str, float]
     turn_end_type: str
     demotion_reserve_blocks: int
+    new_first_max_steps: int = 128
     profile: str | None = None
     estimator: str = "prior"
     augmentation_priors: str | None = None
@@ -194,6 +199,7 @@ class CoreConfig:
             ttl_s={str(k): float(v) for k, v in d["ttl_s"].items()},
             turn_end_type=str(d["turn_end_type"]),
             demotion_reserve_blocks=int(d["demotion_reserve_blocks"]),
+            new_first_max_steps=int(d.get("new_first_max_steps", 128)),
             profile=d.get("profile"),
             estimator=str(d.get("estimator", "prior")),
             augmentation_priors=d.get("augmentation_priors"),

@@ -8,6 +8,7 @@
     infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
                                                                   # (--profile: a name or its file under configs/profiles/)
     infercept simulate --sensitivity [--seeds 1,2,3]               # the bench setting over device KV x link
+    infercept simulate --like results/bench/mixed/bench.json --policies a,b --rates 4,5,6   # a bench's setting and SLO
     infercept simulate --profile P --policies a,b --rates 1,2 --duration 300  # any sweep
 """
 
@@ -25,6 +26,8 @@ QUICK_POLICIES = ("discard", "vllm-apc", "infercept", "unlimited-kv")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--validate", metavar="BENCH_JSON", help="replay a benchmark run and compare each policy's max rate at the SLO")
+    mode.add_argument("--like", metavar="BENCH_JSON", help="sweep --policies at --rates and --seeds in a benchmark run's setting, "
+                      "judged by its measured SLO (explore a policy before the engine confirms it)")
     mode.add_argument("--paper", action="store_true", help="the paper's Figure 2 setting on a derived GPU profile, all policies")
     mode.add_argument("--sessions", type=int, metavar="N", help="capacity planning: concurrent sessions sustained at the SLO, up to N")
     mode.add_argument("--quick", action="store_true", help="a short sweep (under a minute; what CI runs)")
@@ -112,6 +115,18 @@ def main(args: argparse.Namespace) -> int:
         v = {"command": _command(), **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
+    elif args.like:
+        from infercept.benchmarks.sim.validate import like_bench, print_like
+
+        rates = _floats(args.rates)
+        labels = _labels(args, ())
+        if not rates or not labels:
+            print("error: --like needs --rates and --policies", file=sys.stderr)
+            return 2
+        v = {"command": _command(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration)}
+        print_like(v)
+        if args.out:
+            _write(v, Path(args.out))
     elif args.paper or args.quick:
         from infercept.benchmarks.sim.paper import run_paper
 

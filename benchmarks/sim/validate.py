@@ -327,3 +327,43 @@ def _ms(x: Any) -> str:
     if isinstance(x, list):
         return ", ".join(_ms(y) for y in x)
     return "-" if x is None else f"{float(x) * 1000:.2f} ms"
+
+
+def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[float], seeds: Sequence[int],
+               duration_s: float | None = None, verbose: bool = True) -> dict[str, Any]:
+    """A sweep in a benchmark run's setting (its engine setting, profile, workload and duration) judged by
+    its measured SLO (median normalized latency and new requests' p99 time to first token), at rates and
+    seeds of one's choosing: where a policy is explored before the engine confirms it. The simulated
+    calibration and the host time are the validation's defaults (no host time fitted)."""
+    bj = read_bench(bench_path)
+    for lab in labels:
+        variant(lab)
+    sb = sim_bench(bj)
+    sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
+    slo = float(bj["slo"]["slo_normalized_latency_s"])
+    ttft_slo = bj["slo"].get("ttft_p99_bound_s")
+    res = sweep(sb, list(labels), list(rates), float(duration_s or bj["duration_s"]), list(seeds), workload=bj["workload"],
+                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, sharegpt_model=sharegpt,
+                verbose=verbose)
+    per_rate = {lab: {str(seed): {f"{float(r['rate']):g}": {
+        "median_normalized_latency_s": r["normalized_latency_s"]["median"],
+        "ttft_p99_s": (r.get("ttft_s") or {}).get("p99"),
+        "waste_share_of_capacity_time": r.get("waste_share_of_capacity_time")} for r in runs.values()}
+        for seed, runs in res["results"][lab].items()} for lab in labels}
+    return {"bench": str(bench_path), "bench_sha256": hashlib.sha256(Path(bench_path).read_bytes()).hexdigest(),
+            "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo},
+            "rates": list(rates), "seeds": list(seeds), "duration_s": float(duration_s or bj["duration_s"]),
+            "headline": res["headline"], "per_rate": per_rate}
+
+
+def print_like(v: Mapping[str, Any]) -> None:
+    slo = v["slo"]
+    print(f"judged at the bench's SLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms, "
+          f"new requests' p99 time to first token <= {slo['ttft_p99_bound_s']} s")
+    for lab, h in v["headline"].items():
+        by_seed = ", ".join(f"{x:g}" for x in h["max_rate_by_seed"].values())
+        print(f"{lab:18s} max rate {h['max_rate_at_slo']:.2f}{'+' if h.get('censored') else ' '} (per seed {by_seed})")
+        for seed, runs in v["per_rate"][lab].items():
+            cells = "  ".join(f"{r}: {x['median_normalized_latency_s'] * 1000:.1f} ms/{x['ttft_p99_s']:.2f} s"
+                              for r, x in runs.items() if x["median_normalized_latency_s"] is not None and x["ttft_p99_s"] is not None)
+            print(f"    seed {seed}  {cells}")

@@ -84,3 +84,19 @@ def test_profiles_measured_here_win_over_the_shipped_ones(tmp_path: Path, monkey
     path, searched = find_profile("/models/default", "cpu")  # a model folder is looked up by its name
     assert path == mine and searched == [mine, shipped]
     assert find_profile("unknown-model", "cpu")[0] is None
+
+
+def test_new_first_max_steps_reaches_the_core(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from engine_adapter.intercept.build import build_core
+    from tests.policy.test_core import Pool
+
+    cfg = replace(EngineConfig(), policy="infercept-admit", new_first_max_steps=7)
+    core_cfg = CoreConfig.from_additional_config({"infercept": cfg.core_config()})
+    assert core_cfg.new_first_max_steps == 7
+    core = build_core(core_cfg, Pool(), model="tiny", device="cpu", block_size=16, kv_bytes_per_token=1024, host_slots=8)
+    assert core.settings.new_first_max_steps == 7 and core.spec.new_first
+    # an older engine's additional config, without the key: the default
+    old = {k: v for k, v in cfg.core_config().items() if k != "new_first_max_steps"}
+    assert CoreConfig.from_additional_config({"infercept": old}).new_first_max_steps == 128

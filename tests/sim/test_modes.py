@@ -204,3 +204,19 @@ def test_sensitivity_grid_names_the_best_peer_in_each_cell() -> None:
             assert c["ratio_vs_best_peer"] == c["max_rate_at_slo"]["infercept"] / peer
     assert res["cells"][1]["kv_tokens"] == 4 * res["cells"][0]["kv_tokens"]
     assert "x0.5" in table(res) and "1 GB/s" in table(res)
+
+
+def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path: Path) -> None:
+    """`infercept simulate --like BENCH_JSON`: the bench's setting and measured SLO, other rates and policies."""
+    from infercept.benchmarks.sim.validate import like_bench
+
+    bench = fake_bench(tmp_path / "bench.json")
+    v = like_bench(bench, ["infercept", "infercept-admit"], [1.0, 3.0], [5], duration_s=4.0, verbose=False)
+    assert v["slo"] == {"slo_normalized_latency_s": 0.025, "ttft_p99_bound_s": None} and v["rates"] == [1.0, 3.0]
+    assert v["setting"]["kv_tokens"] == 8192 and v["workload"] == "qa" and v["duration_s"] == 4.0
+    for lab in ("infercept", "infercept-admit"):
+        assert set(v["per_rate"][lab]["5"]) == {"1", "3"}
+        assert v["headline"][lab]["max_rate_by_seed"].keys() == {"5"}
+        assert v["headline"][lab]["max_rate_at_slo"] in (0.0, 1.0, 3.0)
+    with pytest.raises(ValueError, match="unknown policy"):
+        like_bench(bench, ["nope"], [1.0], [5], verbose=False)
