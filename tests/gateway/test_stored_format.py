@@ -31,7 +31,9 @@ def as_read(s: AgentSession, es: StandInEngineSession) -> dict[str, Any]:
         "token_hash": s.token_hash, "transcript": s.transcript, "calls": [c.dump() for c in s.calls],
         "usage": s.usage, "last_end_reason": s.last_end_reason, "announce_restore": s.announce_restore,
         "partial": s.partial, "pending_call": s.pending_call.call_id if s.pending_call else None,
-        "context": es.history, "engine_session": es.opened_with,
+        # `ignore_eos` came after format 1: its sessions open with it off, and format 1 did not pass it.
+        "context": es.history, "engine_session": {k: v for k, v in es.opened_with.items() if k != "ignore_eos"},
+        "ignore_eos": es.opened_with.get("ignore_eos"),
     }
 
 
@@ -66,7 +68,7 @@ async def test_a_format_1_database_is_read_back_exactly(v1_copy: Path) -> None:
     try:
         assert table.skipped == 0 and set(table.live) == set(EXPECTED["sessions"])
         for sid, want in EXPECTED["sessions"].items():
-            assert as_read(table.live[sid], opened_by_id(ctx)[sid]) == want, EXPECTED["roles"][sid]
+            assert as_read(table.live[sid], opened_by_id(ctx)[sid]) == want | {"ignore_eos": False}, EXPECTED["roles"][sid]
         roles = {role: table.live[sid] for sid, role in EXPECTED["roles"].items()}
         # What the data holds, spelled out: a finished turn with a tool call and its intercept, two pending
         # calls (a human's answer, a client's result), and a turn cut off mid-generation.
