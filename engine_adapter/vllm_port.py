@@ -41,7 +41,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
-from engine_adapter.intercept.step import StepLimits, StepRequest, arrival_index, step_view
+from engine_adapter.intercept.step import StepLimits, StepRequest, arrival_index, step_view, to_front
 
 # Waiting requests vLLM can admit this step (the others wait for a KV load, a grammar, their next input).
 _READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
@@ -97,12 +97,10 @@ class VllmPort:
         ids = order((self._step_request(r, r.num_tokens) for r in ready), self.num_free_blocks(), self._limits())
         if not ids:
             return 0
-        wanted = set(ids)
-        ahead = [r for r in queue if r.request_id in wanted]
-        rest = [r for r in queue if r.request_id not in wanted]
+        reordered = to_front(list(queue), set(ids), lambda r: r.request_id)
         queue.clear()
-        queue.extend(ahead + rest)
-        return len(ahead)
+        queue.extend(reordered)
+        return len(ids)
 
     # ------------------------------------------------------------------ the step being built
     def step_view(self) -> StepView:

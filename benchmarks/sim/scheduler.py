@@ -31,7 +31,7 @@ from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.request import SimRequest, Status
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
-from engine_adapter.intercept.step import StepLimits, StepRequest, admission, arrival_index, step_view
+from engine_adapter.intercept.step import StepLimits, StepRequest, admission, arrival_index, step_view, to_front
 
 KEY_STRIDE = 1 << 20  # prefix-cache key = request serial * stride + block index
 
@@ -121,10 +121,8 @@ class SimScheduler:
                     self.pool.num_free(), self._limits())
         if not ids:
             return 0
-        wanted = set(ids)
-        ahead = [r for r in self.waiting if r.rid in wanted]
-        self.waiting[:] = ahead + [r for r in self.waiting if r.rid not in wanted]
-        return len(ahead)
+        self.waiting[:] = to_front(self.waiting, set(ids), lambda r: r.rid)
+        return len(ids)
 
     def loads_done(self, rids: list[str]) -> None:
         """Their last swap-in chunk was copied in the step that just ran: vLLM hears of it with the

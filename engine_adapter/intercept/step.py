@@ -26,11 +26,13 @@ counted as if nothing hit: an upper bound).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from engine_adapter.intercept.state import StepView
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +139,13 @@ def arrival_index(queue: Sequence[Arrived], arrival_time: float) -> int:
     while i > 0 and queue[i - 1].arrival_time > arrival_time:
         i -= 1
     return i
+
+
+def to_front(queue: Sequence[T], ids: Collection[str], request_id: Callable[[T], str]) -> list[T]:
+    """`queue` with the requests named in `ids` first, each part in its queue order (the engine's port and
+    the simulator reorder their waiting queues with it)."""
+    ahead = [r for r in queue if request_id(r) in ids]
+    return ahead + [r for r in queue if request_id(r) not in ids]
 
 
 def new_first(head: StepRequest | None, new_ids: Sequence[str], free_blocks: int, limits: StepLimits) -> list[str]:
