@@ -153,6 +153,8 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "swap_stall_s": w1["swap_stall_s"] - w0["swap_stall_s"],
         # Steps whose stall the workers measured (the others' was estimated from the profile's bandwidth).
         "swap_stall_measured_steps": w1.get("swap_stall_measured_steps", 0) - w0.get("swap_stall_measured_steps", 0),
+        # The swap budget's learned share of a step (`SwapPlanner.overlap`) at the run's end.
+        "swap_overlap": (stats1.get("swap") or {}).get("overlap"),
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (
             "intercepts", "recomputed_tokens", "prefix_hit_tokens", "swapped_out_tokens", "swapped_in_tokens",
             "demoted", "pressure_swaps", "discarded", "ttl_expired", "swap_fallbacks")},

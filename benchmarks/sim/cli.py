@@ -53,8 +53,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--validate with --decode-grid: also charge the cache cliff fitted on the grid (a step reading "
                         "more KV than its threshold costs the fitted jump more)")
     p.add_argument("--host-overhead-us", type=float,
-                   help="--validate: host time per held request per step, in us (default: fitted on --fit-on)")
-    p.add_argument("--fit-on", default="discard", help="--validate: the policy the host time is fitted on (default discard; 'none': 0)")
+                   help="--validate, --like: host time per held request per step, in us (default: fitted on --fit-on)")
+    p.add_argument("--window-share", type=float, default=None,
+                   help="--validate, --like: share of a step's time that swap copies hide behind (default: "
+                        "the bench's measured swap_overlap; 1.0 where it did not record it)")
+    p.add_argument("--fit-on", default="unlimited-kv",
+                   help="--validate, --like: the policy the host time is fitted on (default the bound, which never "
+                        "recomputes; 'none': 0)")
     p.add_argument("--fit-recompute-on", default=None,
                    help="--validate: also fit, on this policy alone, a multiple of the profile's attention cost per "
                         "(query, earlier key) pair, which recompute chunks pay (default: none, the grid's own)")
@@ -95,6 +100,15 @@ def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any
     return run
 
 
+def _cost_args(args: argparse.Namespace) -> dict[str, Any]:
+    """--validate's and --like's cost constants: given, or fitted on the bench (`validate.fit_cost`)."""
+    return {"context_share": args.decode_context_share,
+            "host_per_request_s": None if args.host_overhead_us is None else args.host_overhead_us * 1e-6,
+            "fit_on": None if args.fit_on == "none" else args.fit_on, "decode_grid": args.decode_grid,
+            "fit_recompute_on": args.fit_recompute_on, "cache_cliff": args.cache_cliff,
+            "window_share": args.window_share}
+
+
 def _command() -> str:
     return "infercept simulate " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "simulate" else " ".join(sys.argv)
 
@@ -106,12 +120,8 @@ def main(args: argparse.Namespace) -> int:
     if args.validate:
         from infercept.benchmarks.sim.validate import print_validation, validate
 
-        host = None if args.host_overhead_us is None else args.host_overhead_us * 1e-6
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
-                     context_share=args.decode_context_share, host_per_request_s=host,
-                     fit_on=None if args.fit_on == "none" else args.fit_on, decode_grid=args.decode_grid,
-                     fit_recompute_on=args.fit_recompute_on,
-                     cache_cliff=args.cache_cliff)
+                     **_cost_args(args))
         v = {"command": _command(), **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
@@ -123,7 +133,8 @@ def main(args: argparse.Namespace) -> int:
         if not rates or not labels:
             print("error: --like needs --rates and --policies", file=sys.stderr)
             return 2
-        v = {"command": _command(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration)}
+        v = {"command": _command(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
+                                                 **_cost_args(args))}
         print_like(v)
         if args.out:
             _write(v, Path(args.out))

@@ -369,8 +369,12 @@ def overlapped(profile: Profile) -> bool:
     return profile.device != "cpu"
 
 
-def step_s(forward: float, copies: float, overlap: bool) -> float:
-    return max(forward, copies) if overlap else forward + copies
+def step_s(forward: float, copies: float, overlap: bool, window: float | None = None) -> float:
+    """A step's time: copies beside the forward pass hide behind its window (all of it unless given) and
+    stall the step by what outlasts it; copies on the computing cores add to it."""
+    if not overlap:
+        return forward + copies
+    return forward + max(0.0, copies - (forward if window is None else window))
 
 
 def grid(cost: StepCost, tokens: Sequence[int]) -> list[float]:

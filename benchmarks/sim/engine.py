@@ -40,7 +40,7 @@ class SimEngine:
     def __init__(self, sched: SimScheduler, core_factory: Callable[[SimScheduler], InterceptCore], cost: StepCost, *,
                  oracle: bool = False, idle_step_s: float = 0.001, check_every: int = 0,
                  frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0,
-                 step_overhead_s: float = 0.0) -> None:
+                 step_overhead_s: float = 0.0, window_share: float = 1.0) -> None:
         self.sched, self.cost, self.oracle = sched, cost, oracle
         self.core = core_factory(sched)
         sched.core = self.core
@@ -59,6 +59,11 @@ class SimEngine:
         # Host time per step outside what the profile measured (the engine core's scheduling, output
         # processing and IPC on this machine), whatever the step holds.
         self.step_overhead_s = step_overhead_s
+        # The share of a step's time (its stall apart) that the workers' forward window covers: what
+        # copies hide behind (an emulated link's copies overlap only it). The rest of a CPU step is host
+        # work (input preparation, sampling, the scheduler), which the profile's T_fwd includes. The
+        # engine learns it (`SwapPlanner.overlap`, the bench's `swap_overlap`); here it is given.
+        self.window_share = window_share
         self.now = 0.0
         self.steps = 0
         self.idle_steps = 0  # empty steps spun while work waited behind preserved KV
@@ -74,6 +79,7 @@ class SimEngine:
 
     # ================================================================== events
     def submit(self, r: SimRequest) -> None:
+        r.turn_sent_s = r.arrival_s
         self._push(r.arrival_s + self.frontend_in_s, ARRIVAL, r)
 
     def _push(self, t: float, kind: int, r: SimRequest) -> None:
@@ -135,19 +141,22 @@ class SimEngine:
         fwd = self.cost.forward_s(out.load)
         if fwd:
             fwd += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
+        window = fwd * self.window_share  # the workers' forward window: what copies hide behind
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:
             sched.loads_done(copies.loads_done)
         if out.load.tokens == 0 and copy == 0.0:
             return bool(out.preempted)
-        seconds = step_s(fwd, copy, self.overlap)
+        seconds = step_s(fwd, copy, self.overlap, window)
         self.now += seconds
         self.steps += 1
         if out.load.tokens:
             resident = sched.resident_tokens()
             # The stall the step really had, as the real engine's workers measure it.
             stall = seconds - fwd if self.overlap else copy
-            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident, stall if copy else None)
+            # As the engine's workers report a step with copies: its stall and its forward window.
+            core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident, stall if copy else None,
+                           window if copy else None)
             self.true_stall_s += stall
             self.true_stall_token_s += stall * resident
         for r, _ in out.tokens.items():
@@ -160,11 +169,16 @@ class SimEngine:
     def _sampled(self, r: SimRequest) -> None:
         r.num_tokens += 1
         r.output_tokens += 1
+        r.turn_out_tokens += 1
         if r.first_token_s is None:
             r.first_token_s = self.now
+        if r.turn_first_s is None:
+            r.turn_first_s = self.now + self.frontend_out_s
         r.turn_left -= 1
         if r.turn_left > 0:
             return
+        r.turn_log.append((r.turn, r.turn_in_tokens, r.turn_out_tokens, r.turn_sent_s, r.turn_first_s,
+                           self.now + self.frontend_out_s))
         turn = r.turns[r.turn]
         if turn.call_s is None:
             self._finish(r)
@@ -184,6 +198,11 @@ class SimEngine:
         r.call_s += turn.call_s or 0.0
         r.turn += 1
         r.turn_left = r.turns[r.turn].decode_tokens
+        # The replay sends the tool's output when the call's sleep ends (timed from there, as it times
+        # the engine: `metrics.Turn`).
+        r.turn_sent_s = self.now - self.frontend_in_s
+        r.turn_first_s = None
+        r.turn_in_tokens, r.turn_out_tokens = turn.returned_tokens, 0
         core.expire(self.now)
         # vLLM's session update: the slot comes back, the context keeps its computed tokens, the
         # session puts the last sampled token back in front of the tool's output.

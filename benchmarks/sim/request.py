@@ -53,10 +53,17 @@ class SimRequest:
     first_token_s: float | None = None
     end_s: float | None = None
     steps_in_call: int = 0
+    # the current turn as the replay times it (`metrics.Turn`): sent by the front end, first token seen there
+    turn_sent_s: float = 0.0  # the first turn's: its arrival (`SimEngine.submit`)
+    turn_first_s: float | None = None
+    turn_in_tokens: int = 0
+    turn_out_tokens: int = 0
+    turn_log: list[tuple[int, int, int, float, float, float]] = field(default_factory=list)  # (index, in, out, sent, first, end)
 
     def __post_init__(self) -> None:
         self.arrival_time = self.arrival_s
         self.num_tokens = self.prompt_tokens
+        self.turn_in_tokens = self.prompt_tokens
         self.turn_left = self.turns[0].decode_tokens
 
 

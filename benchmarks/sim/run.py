@@ -10,7 +10,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from infercept.benchmarks.metrics import Outcome, summarize
+from infercept.benchmarks.metrics import Outcome, Turn, summarize
 from infercept.benchmarks.metrics import pct as _pct
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.request import SimRequest, from_workload
@@ -28,6 +28,8 @@ def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
     o = Outcome(index, r.aug_type, t0 + r.arrival_s)
     o.end_s, o.first_token_s = r.end_s, r.first_token_s
     o.call_s, o.output_tokens = r.call_s, r.output_tokens
+    o.turns = [Turn(index, r.aug_type, k, n_in, n_out, sent - t0, first - sent, end - sent)
+               for k, n_in, n_out, sent, first, end in r.turn_log]
     return o
 
 

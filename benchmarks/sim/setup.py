@@ -36,6 +36,10 @@ NOT_SIMULATED: Mapping[str, str] = {
 SIMULATED_LABELS: tuple[str, ...] = tuple(label for label in VARIANTS if label not in NOT_SIMULATED)
 
 
+def simulable(label: str) -> bool:
+    return label.partition("@")[0] not in NOT_SIMULATED
+
+
 def variant(label: str) -> Variant:
     """The benchmark's `replay.variant`, refusing what the simulator does not model."""
     if label.partition("@")[0] in NOT_SIMULATED:
@@ -66,6 +70,7 @@ class SimBench:
     pair_s: float | None = None  # MeasuredCost's attention cost per (query, earlier key) pair (None: the grid's)
     frontend_s: tuple[float, float] | None = None  # front-end latency of an input and of an output (None: the profile's)
     host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
+    window_share: float = 1.0  # share of a step's time that copies hide behind (see SimEngine)
     step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
     spill: KVSpill | None = None  # MeasuredCost's cache cliff (None: the profile's `extra.decode_spill`, if any)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
@@ -131,7 +136,8 @@ class SimBench:
 
         eng = SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill), oracle=v.oracle,
                         check_every=check_every, frontend_s=self.frontend(),
-                        host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s)
+                        host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s,
+                        window_share=self.window_share)
         for watch in self.on_engine:
             watch(eng)
         return eng

@@ -10,7 +10,7 @@ the pilot when baselines were tuned), and the SLO (`slo.slo_normalized_latency_s
 headline is judged at the bench's SLO; the simulator's own calibration of it is reported beside.
 
 One constant is not in the profile: the host time per step per request the engine holds (see
-`SimEngine`). It is fitted once, on one policy (`fit_on`, default discard), and every other policy is
+`SimEngine`). It is fitted once, on one policy (`fit_on`, default the bound, which never recomputes), and every other policy is
 then a prediction."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import json
 import math
 import statistics
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from infercept.benchmarks.sim.cost import (
     read_decode_grid,
 )
 from infercept.benchmarks.sim.report import headline
-from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, variant
+from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, simulable, variant
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.workload import ShareGPT
 from engine_adapter.paths import configs_dir
@@ -39,6 +40,8 @@ from engine_adapter.paths import configs_dir
 DEFAULT_PROFILE = configs_dir() / "profiles" / "tiny-cpu-bench.json"
 _NOT_SETTING = ("profile", "profile_data", "priors_dir")
 HOST_GRID_S = tuple(i * 20e-6 for i in range(21))  # 0 to 400 us per held request per step
+# The bound never recomputes or swaps, and every bench runs it: its latency measures the host time alone.
+DEFAULT_FIT_ON = "unlimited-kv"
 PAIR_SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # x the profile grid's cost per attention pair
 
 
@@ -64,7 +67,8 @@ def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
 
 def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, host_per_request_s: float = 0.0,
-              step_overhead_s: float = 0.0, spill: KVSpill | None = None, pair_scale: float = 1.0) -> SimBench:
+              step_overhead_s: float = 0.0, spill: KVSpill | None = None, pair_scale: float = 1.0,
+              window_share: float = 1.0) -> SimBench:
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
@@ -74,14 +78,23 @@ def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context
     pair_s = None if pair_scale == 1.0 else pair_scale * attention_pair_s(pristine(profile))
     return SimBench(setting, profile, token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
-                    step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s)
+                    step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s, window_share=window_share)
+
+
+def measured_window_share(bj: Mapping[str, Any]) -> float | None:
+    """The swap budget's share of a step as the bench's engines learned it (`swap_overlap`, recorded per
+    run since the simulator needed it): the median over every run of a swapping policy; None where the
+    bench did not record it."""
+    xs = [r["swap_overlap"] for runs in (bj.get("results") or {}).values() for by_rate in runs.values()
+          for r in by_rate.values() if isinstance(r, Mapping) and r.get("swap_overlap") is not None]
+    return statistics.median(xs) if xs else None
 
 
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
-             host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = "discard",
+             host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = DEFAULT_FIT_ON,
              decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
-             verbose: bool = True) -> dict[str, Any]:
+             window_share: float | None = None, verbose: bool = True) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose max rate at the bench's SLO is closest to the measured one);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
@@ -93,6 +106,65 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     prompt) pays over the context before it and a lone prompt of the grid never does; fitting the host
     time then on a policy that never recomputes (the bound) keeps the two apart."""
     bj = read_bench(bench_path)
+    # Unnamed: every policy of the bench the simulator models (the others are listed in the report).
+    skipped = [] if policies else [lab for lab in bj["policies"] if not simulable(lab)]
+    policies = list(policies or [lab for lab in bj["policies"] if simulable(lab)])
+    for lab in policies:
+        variant(lab)  # unknown or unsimulated labels fail here, before the fits
+    cost = fit_cost(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
+                    host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, fit_on=fit_on,
+                    decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
+                    window_share=window_share)
+    kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
+    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, **kw)
+    v["bench"] = str(bench_path)
+    v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
+    v["cost_model"].update(cost.fits())
+    v["not_simulated"] = skipped
+    if spill is not None:
+        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, **{**kw, "spill": None})
+        v["without_decode_spill"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
+    if host_per_request_s:
+        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, **kw)
+        v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
+    return v
+
+
+@dataclass
+class FittedCost:
+    """The simulator's cost constants for one bench run: `kw` for `sim_bench` / `_validate` (the host time
+    per held request apart), and how each was found."""
+
+    kw: dict[str, Any]
+    host_per_request_s: float
+    spill: KVSpill | None
+    host_fit: dict[str, Any] | None
+    recompute_fit: dict[str, Any] | None
+    step_overhead_fit: dict[str, Any] | None
+    decode_grid: str | None
+    window_share_source: str = "given"
+
+    def fits(self) -> dict[str, Any]:
+        return {"window_share": self.kw["window_share"], "window_share_source": self.window_share_source,
+                "host_fit": self.host_fit, "recompute_fit": self.recompute_fit,
+                "pair_scale": self.kw.get("pair_scale", 1.0), "step_overhead_fit": self.step_overhead_fit,
+                "decode_grid": self.decode_grid, "decode_spill": self.spill.to_dict() if self.spill else None}
+
+
+def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
+             context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
+             host_per_request_s: float | None = None, step_overhead_s: float | None = None,
+             fit_on: str | None = DEFAULT_FIT_ON, decode_grid: str | Path | None = None, cache_cliff: bool = False,
+             fit_recompute_on: str | None = None, window_share: float | None = None) -> FittedCost:
+    """The cost constants the bench's machine had (see `validate`), each given or fitted on the bench.
+    `window_share`: given, or the bench's measured one (`measured_window_share`); 1.0 (copies hide
+    behind the whole step) where the bench did not record it, said so in `window_share_source`."""
+    source = "given"
+    if window_share is None:
+        window_share = measured_window_share(bj)
+        source = "measured by the bench's engines (median swap_overlap)"
+        if window_share is None:
+            window_share, source = 1.0, "not recorded by this bench: 1.0 assumed"
     spill = None
     if decode_grid is not None:
         rows = read_decode_grid(decode_grid)
@@ -107,10 +179,10 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     step = None
     if step_overhead_s is None:
         step = _fit_step_overhead(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
-                                  spill=spill)
+                                  spill=spill, window_share=window_share)
         step_overhead_s = step["step_overhead_s"]
-    kw = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
-          "step_overhead_s": step_overhead_s, "spill": spill}
+    kw: dict[str, Any] = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
+                          "step_overhead_s": step_overhead_s, "spill": spill, "window_share": window_share}
     fit = None
     if host_per_request_s is None:
         if fit_on is None:
@@ -122,22 +194,8 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     if fit_recompute_on is not None:
         pair_fit = _fit_grid(bj, fit_recompute_on, "pair_scale", PAIR_SCALE_GRID, host_per_request_s=host_per_request_s, **kw)
         kw["pair_scale"] = pair_fit["pair_scale"]
-    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, **kw)
-    v["bench"] = str(bench_path)
-    v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
-    v["cost_model"]["host_fit"] = fit
-    v["cost_model"]["recompute_fit"] = pair_fit
-    v["cost_model"]["pair_scale"] = kw.get("pair_scale", 1.0)
-    v["cost_model"]["step_overhead_fit"] = step
-    v["cost_model"]["decode_grid"] = str(decode_grid) if decode_grid is not None else None
-    v["cost_model"]["decode_spill"] = spill.to_dict() if spill else None
-    if spill is not None:
-        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, **{**kw, "spill": None})
-        v["without_decode_spill"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
-    if host_per_request_s:
-        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, **kw)
-        v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
-    return v
+    return FittedCost(kw, host_per_request_s, spill, fit, pair_fit, step,
+                      str(decode_grid) if decode_grid is not None else None, source)
 
 
 def _fit_step_overhead(bj: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
@@ -177,6 +235,9 @@ def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float
     """The grid value of the cost parameter `name` whose simulated median normalized latencies of `label`
     are closest to the measured ones over every (seed, rate) run (mean absolute log ratio): every run
     of one policy, not only its headline, which one noisy seed can move. Ties go to the smallest."""
+    if label not in bj["policies"]:
+        raise ValueError(f"cannot fit {name} on {label!r}: the bench ran {', '.join(bj['policies'])} "
+                         "(name one of them with --fit-on, or give the value)")
     trials = []
     for c in grid:
         v = _validate(bj, [label], verbose=False, **{**kw, name: c})
@@ -194,14 +255,14 @@ def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float
 def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_request_s: float, verbose: bool,
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
-              spill: KVSpill | None = None, pair_scale: float = 1.0) -> dict[str, Any]:
+              spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
     seeds = [int(x) for x in bj["seeds"]]
     sb = sim_bench(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                    host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill,
-                   pair_scale=pair_scale)
+                   pair_scale=pair_scale, window_share=window_share)
     # The runner draws ShareGPT prompts (tokenized by the model's tokenizer) for these workloads when
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
@@ -295,7 +356,8 @@ def print_validation(v: Mapping[str, Any]) -> None:
     print(f"cost model: decode context share {cm['decode_context_share']}, front end in/out "
           f"{', '.join(f'{x * 1000:.1f} ms' for x in cm['frontend_in_out_s'])}, host time per held request per step "
           f"{cm['host_per_request_s'] * 1e6:.0f} us ({how}), step overhead {cm['step_overhead_s'] * 1e3:.2f} ms "
-          f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair")
+          f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair, "
+          f"copies hide behind {cm.get('window_share', 1.0):.2f} of a step ({cm.get('window_share_source', 'given')})")
     sp = cm.get("decode_spill")
     if sp:
         print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "
@@ -330,15 +392,16 @@ def _ms(x: Any) -> str:
 
 
 def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[float], seeds: Sequence[int],
-               duration_s: float | None = None, verbose: bool = True) -> dict[str, Any]:
+               duration_s: float | None = None, verbose: bool = True, **cost: Any) -> dict[str, Any]:
     """A sweep in a benchmark run's setting (its engine setting, profile, workload and duration) judged by
     its measured SLO (median normalized latency and new requests' p99 time to first token), at rates and
-    seeds of one's choosing: where a policy is explored before the engine confirms it. The simulated
-    calibration and the host time are the validation's defaults (no host time fitted)."""
+    seeds of one's choosing: where a policy is explored before the engine confirms it. The cost constants
+    are fitted on the bench as `validate` fits them (`cost`: `fit_cost`'s options), and recorded."""
     bj = read_bench(bench_path)
     for lab in labels:
         variant(lab)
-    sb = sim_bench(bj)
+    fitted = fit_cost(bj, **cost)
+    sb = sim_bench(bj, host_per_request_s=fitted.host_per_request_s, **fitted.kw)
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
     ttft_slo = bj["slo"].get("ttft_p99_bound_s")
@@ -348,10 +411,13 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
     per_rate = {lab: {str(seed): {f"{float(r['rate']):g}": {
         "median_normalized_latency_s": r["normalized_latency_s"]["median"],
         "ttft_p99_s": (r.get("ttft_s") or {}).get("p99"),
+        "resume_p99_s": (r.get("resume_s") or {}).get("p99"),
         "waste_share_of_capacity_time": r.get("waste_share_of_capacity_time")} for r in runs.values()}
         for seed, runs in res["results"][lab].items()} for lab in labels}
     return {"bench": str(bench_path), "bench_sha256": hashlib.sha256(Path(bench_path).read_bytes()).hexdigest(),
             "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo},
+            "cost_model": {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
+                           **fitted.fits()},
             "rates": list(rates), "seeds": list(seeds), "duration_s": float(duration_s or bj["duration_s"]),
             "headline": res["headline"], "per_rate": per_rate}
 

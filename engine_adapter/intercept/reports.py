@@ -91,6 +91,9 @@ class SwapReport:
     blocks_out_first: int = 0
     recent_budgets: list[dict[str, int]] = field(default_factory=list)  # {"limit", "out", "in"} per step
     moved: list[dict[str, int]] = field(default_factory=list)  # {"out", "in"} tokens per step
+    # The share of a step copies hide behind, as learned from the workers' forward windows (1.0 until
+    # measured): it scales the swap budget N_i.
+    overlap: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -189,4 +192,5 @@ def swap_report(core: InterceptCore) -> SwapReport | None:
         kv_bytes_per_token=core.profile.kv_bytes_per_token, blocks_out_first=sw.stats.blocks_out_first,
         recent_budgets=[{"limit": s.limit, "out": s.out_budget, "in": s.in_budget} for s in recent],
         moved=[{"out": s.out_moved, "in": s.in_moved} for s in recent],
+        overlap=sw.overlap,
     )

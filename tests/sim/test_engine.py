@@ -12,7 +12,7 @@ import pytest
 
 from infercept.benchmarks.replay import VARIANTS
 from infercept.benchmarks.sim.engine import SimEngine
-from infercept.benchmarks.sim.run import run_rate
+from infercept.benchmarks.sim.run import outcome, run_rate
 from infercept.benchmarks.sim.setup import SIMULATED_LABELS
 from engine_adapter.intercept.records import Fate
 from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
@@ -39,6 +39,13 @@ def test_a_single_request_takes_exactly_the_profile_step_times(tmp_path: Path, p
     assert eng.steps == 5
     rec = eng.core.ledger.records[0]
     assert rec.context_tokens == 102 and rec.call_duration_s == pytest.approx(1.0)
+    # The turns as the benchmark's replay times them: the prompt's, sent at arrival; the resume's, sent
+    # when the call ends (30 ms + 1 s), its first token one step later: the resume latency.
+    turns = outcome(r, 0, 0.0).turns
+    assert [(t.index, t.in_tokens, t.out_tokens) for t in turns] == [(0, 100, 3), (1, 10, 2)]
+    assert turns[0].sent_s == 0.0 and turns[0].first_s == pytest.approx(STEP_S) and turns[0].total_s == pytest.approx(3 * STEP_S)
+    assert turns[1].sent_s == pytest.approx(3 * STEP_S + 1.0)
+    assert turns[1].first_s == pytest.approx(STEP_S) and turns[1].total_s == pytest.approx(2 * STEP_S)
 
 
 def test_chunked_prefill_within_the_token_budget(tmp_path: Path) -> None:
@@ -114,6 +121,25 @@ def test_swap_moves_each_paused_context_out_and_back_within_the_step_budgets(tmp
     # the workers measured (its own estimate, which takes a step's compute as its time less the copies',
     # would count some all the same).
     assert eng.true_stall_s == 0.0 and core.meter.swap_stall_s == 0.0
+
+
+def test_the_swap_budget_learns_the_share_of_a_step_copies_hide_behind(tmp_path: Path) -> None:
+    """The engine's workers report each step's forward window; the core scales N_i by its share of the
+    step (`SwapPlanner.overlap`). The simulator reports `window_share` of the step as that window."""
+    bench = toy_bench(tmp_path, profile=toy_profile(swap_bytes_per_s=320_000.0))
+    bench.window_share = 0.25
+    eng = bench.engine("swap", check_every=1)
+    for i in range(3):
+        eng.submit(request(f"r{i}", 300, [(4, 2.0, 8), (3, None, 0)], arrival=0.001 * i))
+    eng.submit(request("bg", 50, [(400, None, 0)]))
+    eng.run()
+    core = eng.core
+    assert core.ledger.totals.swapped_out == 3 and core.ledger.totals.recomputed_tokens == 0
+    assert core.swap.overlap == pytest.approx(0.25, abs=0.02)
+    # Once learned, each step's limit is a quarter of N_i (32 tokens at the whole step: test above).
+    assert core.swap.history[-1].limit == int(32 * core.swap.overlap)
+    # Copies beyond the window stall the step, and the core meters what the workers measured.
+    assert eng.true_stall_s > 0 and core.meter.swap_stall_s == pytest.approx(eng.true_stall_s)
 
 
 def test_vllm_preempts_the_newest_running_request_when_decode_runs_out_of_blocks(tmp_path: Path) -> None:

@@ -90,15 +90,33 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
         assert v["per_rate"][lab]["3/2"]["measured"]["median_normalized_latency_s"] == {"discard": 0.01, "infercept": 0.008, "unlimited-kv": 0.006}[lab]
     assert v["simulated_headline"]["infercept"]["max_rate_at_slo"] == v["policies"]["infercept"]["simulated"]
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
-    # The host time per held request per step is fitted on discard alone (its latencies over every run),
-    # from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
+    # The host time per held request per step is fitted on the bound alone (its latencies over every
+    # run), from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
     fit = v["cost_model"]["host_fit"]
-    assert fit["fitted_on"] == "discard" and fit["trials"][0]["host_per_request_s"] == 0.0
+    assert fit["fitted_on"] == "unlimited-kv" and fit["trials"][0]["host_per_request_s"] == 0.0
     assert v["cost_model"]["host_per_request_s"] == fit["host_per_request_s"]
     best = min(t["latency_log_error"] for t in fit["trials"])
     assert next(t for t in fit["trials"] if t["host_per_request_s"] == fit["host_per_request_s"])["latency_log_error"] == best
     step = v["cost_model"]["step_overhead_fit"]
     assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
+    # This bench did not record the swap budget's share of a step: 1.0, and the report says so.
+    assert v["cost_model"]["window_share"] == 1.0 and "not recorded" in v["cost_model"]["window_share_source"]
+    assert v["not_simulated"] == []
+
+
+def test_validation_takes_the_window_share_the_bench_measured_and_refuses_a_fit_on_an_absent_policy(tmp_path: Path) -> None:
+    bench = fake_bench(tmp_path / "bench.json")
+    bj = json.loads(bench.read_text())
+    for seed, share in (("3", 0.3), ("4", 0.5)):
+        for r in bj["results"]["infercept"][seed].values():
+            r["swap_overlap"] = share
+    bench.write_text(json.dumps(bj))
+    v = validate(bench, policies=["infercept"], host_per_request_s=0.0, step_overhead_s=0.0, verbose=False)
+    assert v["cost_model"]["window_share"] == pytest.approx(0.4) and "measured" in v["cost_model"]["window_share_source"]
+    v = validate(bench, policies=["infercept"], host_per_request_s=0.0, step_overhead_s=0.0, window_share=0.9, verbose=False)
+    assert v["cost_model"]["window_share"] == 0.9 and v["cost_model"]["window_share_source"] == "given"
+    with pytest.raises(ValueError, match="cannot fit host_per_request_s on 'swap'"):
+        validate(bench, policies=["infercept"], fit_on="swap", step_overhead_s=0.0, verbose=False)
 
 
 def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on_another(tmp_path: Path) -> None:
@@ -186,7 +204,7 @@ def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
         check_headline(res["headline"][lab], ["discard", "vllm-apc", "ttl", "bound"])
         for seed_runs in res["results"][lab].values():
             for run in seed_runs.values():
-                check_run(run, res["setting"]["kv_tokens"], turns_timed=False)
+                check_run(run, res["setting"]["kv_tokens"])
 
 
 def test_sensitivity_grid_names_the_best_peer_in_each_cell() -> None:
@@ -218,5 +236,8 @@ def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path:
         assert set(v["per_rate"][lab]["5"]) == {"1", "3"}
         assert v["headline"][lab]["max_rate_by_seed"].keys() == {"5"}
         assert v["headline"][lab]["max_rate_at_slo"] in (0.0, 1.0, 3.0)
+    # The cost constants are fitted on the bench as the validation fits them, and recorded.
+    assert v["cost_model"]["host_fit"]["fitted_on"] == "unlimited-kv"
+    assert v["cost_model"]["host_per_request_s"] == v["cost_model"]["host_fit"]["host_per_request_s"]
     with pytest.raises(ValueError, match="unknown policy"):
         like_bench(bench, ["nope"], [1.0], [5], verbose=False)
