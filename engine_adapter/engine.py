@@ -276,7 +276,9 @@ def least_loaded(loads: Sequence[int]) -> int:
 
 
 # Fields that describe an engine rather than count its work: taken from rank 0, not summed.
-_SAME_ON_EVERY_RANK = frozenset({"policy", "block_size", "token_budget", "engine_time_s", "kv_bytes_per_token", "profile"})
+# (`overlap`: the swap budget's learned share of a step; the ranks run the same steps, rank 0's is reported.)
+_SAME_ON_EVERY_RANK = frozenset({"policy", "block_size", "token_budget", "engine_time_s", "kv_bytes_per_token", "profile",
+                                 "overlap"})
 
 
 def merge_stats(ranks: Sequence[Any]) -> Any:

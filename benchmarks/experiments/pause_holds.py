@@ -79,7 +79,7 @@ def run(bench: str | Path, validation: str | Path, seeds: list[int], rate: float
     share = context_shares(read_decode_grid(cm["decode_grid"]), prof, None) if cm.get("decode_grid") else None
     sb = val.sim_bench(bj, context_share=share, frontend_s=tuple(cm["frontend_in_out_s"]),  # type: ignore[arg-type]
                        host_per_request_s=cm["host_per_request_s"], step_overhead_s=cm["step_overhead_s"],
-                       pair_scale=cm.get("pair_scale", 1.0))
+                       pair_scale=cm.get("pair_scale", 1.0), window_share=cm.get("window_share", 1.0))
     watched: list[tuple[SimEngine, SwapStarts]] = []
 
     def watch(eng: SimEngine) -> None:

@@ -8,6 +8,7 @@
     infercept simulate --sessions 10000 --profile gptj-6b --workload mixed   # sessions one device sustains
                                                                   # (--profile: a name or its file under configs/profiles/)
     infercept simulate --sensitivity [--seeds 1,2,3]               # the bench setting over device KV x link
+        [--cost-from BENCH_JSON]                                  # from that run's profile and fitted costs
     infercept simulate --like results/bench/mixed/bench.json --policies a,b --rates 4,5,6   # a bench's setting and SLO
     infercept simulate --profile P --policies a,b --rates 1,2 --duration 300  # any sweep
 """
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="the benchmark's setting at device KV x0.5/1/2/4 and a link of 0.1/0.25/1 GB/s, every simulated policy")
     p.add_argument("--profile", default="gptj-6b", help="gptj-6b | llama2-70b | a profile JSON path (default gptj-6b)")
     p.add_argument("--model", choices=("gptj-6b", "llama2-70b"), help="--paper: which of the paper's settings (default gptj-6b)")
-    p.add_argument("--workload", default="mixed", choices=("mixed", "qa", "chatbot"))
+    p.add_argument("--workload", choices=("mixed", "qa", "chatbot"),
+                   help="default mixed (--sensitivity --cost-from: the bench's)")
     p.add_argument("--policies", help="comma-separated policy labels (default: all for --paper and --validate)")
     p.add_argument("--rates", help="requests/s, comma-separated")
     p.add_argument("--duration", type=float, help="seconds of arrivals per rate")
@@ -47,22 +49,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-context-share", type=float,
                    help="measured CPU profiles: share of the decode step beyond T_fwd that grows with context (default 0)")
     p.add_argument("--decode-grid", metavar="JSON",
-                   help="--validate: decode steps over batch x context measured on the bench's machine "
+                   help="--validate (and --like, --sensitivity --cost-from): decode steps over batch x context measured on the bench's machine "
                         "(results/sim/decode_context/decode.json); the CPU's cache cliff is fitted on them")
     p.add_argument("--cache-cliff", action="store_true",
-                   help="--validate with --decode-grid: also charge the cache cliff fitted on the grid (a step reading "
+                   help="with --decode-grid: also charge the cache cliff fitted on the grid (a step reading "
                         "more KV than its threshold costs the fitted jump more)")
     p.add_argument("--host-overhead-us", type=float,
-                   help="--validate, --like: host time per held request per step, in us (default: fitted on --fit-on)")
+                   help="--validate, --like, --sensitivity --cost-from: host time per held request per step, in us (default: fitted on --fit-on)")
     p.add_argument("--window-share", type=float, default=None,
-                   help="--validate, --like: share of a step's time that swap copies hide behind (default: "
+                   help="--validate, --like, --sensitivity --cost-from: share of a step's time that swap copies hide behind (default: "
                         "the bench's measured swap_overlap; 1.0 where it did not record it)")
     p.add_argument("--fit-on", default="unlimited-kv",
-                   help="--validate, --like: the policy the host time is fitted on (default the bound, which never "
+                   help="--validate, --like, --sensitivity --cost-from: the policy the host time is fitted on (default the bound, which never "
                         "recomputes; 'none': 0)")
     p.add_argument("--fit-recompute-on", default=None,
-                   help="--validate: also fit, on this policy alone, a multiple of the profile's attention cost per "
+                   help="--validate, --like, --sensitivity --cost-from: also fit, on this policy alone, a multiple of the profile's attention cost per "
                         "(query, earlier key) pair, which recompute chunks pay (default: none, the grid's own)")
+    p.add_argument("--cost-from", metavar="BENCH_JSON",
+                   help="--sensitivity: start every cell from that bench run's profile, setting and cost constants "
+                        "(fitted on it as --validate fits them)")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 
@@ -154,7 +159,8 @@ def main(args: argparse.Namespace) -> int:
         from infercept.benchmarks.sim import sensitivity as sens
 
         res = sens.sensitivity(_labels(args, sens.POLICIES), rates=_floats(args.rates) or sens.RATES,
-                               duration_s=args.duration or 30.0, seeds=_seeds(args, "1,2,3"), workload=args.workload)
+                               duration_s=args.duration or 30.0, seeds=_seeds(args, "1,2,3"), workload=args.workload,
+                               cost_from=args.cost_from, **(_cost_args(args) if args.cost_from else {}))
         res = {"command": _command(), **res}
         print(sens.table(res))
         _write(res, Path(args.out or "results/sim/sensitivity.json"))
@@ -169,10 +175,10 @@ def main(args: argparse.Namespace) -> int:
             return 2
         labels = _labels(args, ("discard", "vllm-apc", "ttl", "swap", "infercept", "unlimited-kv"))
         bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
-        res = capacity(bench, labels, workload=args.workload, max_sessions=args.sessions, seed=_seeds(args, "1")[0])
+        res = capacity(bench, labels, workload=args.workload or "mixed", max_sessions=args.sessions, seed=_seeds(args, "1")[0])
         res = {"command": _command(), "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
         print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
-              f"workload {args.workload}, up to {args.sessions}:")
+              f"workload {args.workload or 'mixed'}, up to {args.sessions}:")
         for lab, r in res["policies"].items():
             print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  ({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
         _write(res, Path(args.out or "results/sim/capacity.json"))

@@ -4,8 +4,8 @@ intercept core, calling the core exactly where `engine_adapter/scheduler.py` doe
 * before each step: `before_schedule(step_view, now)` (TTL expiry, demotion, swap planning, the
   policy's per-iteration decisions; it may cap the step's token budget);
 * after the step is built: `step_copies()` (the connector ships them), then `scheduled(new, tokens)`;
-* after it ran: `step_done(seconds, tokens per request, resident tokens, the copies' stall)` (measured
-  there by the workers), then outputs: a turn that
+* after it ran: `step_done(seconds, tokens per request, resident tokens, the copies' stall, the forward
+  window)` (measured there by the workers), then outputs: a turn that
   reached its decode length pauses (`pause`; the oracle variant `tag`s it with its true duration);
 * at the call's end: `expire`, `resume` (KEEP in place; RECOMPUTE / LOAD requeued by arrival time);
 * at the end of its last turn (or an abort at the cutoff): `close`.
@@ -89,12 +89,12 @@ class SimEngine:
     def _deliver_due(self) -> None:
         ev = self._events
         while ev and ev[0][0] <= self.now:
-            _, _, kind, r = heapq.heappop(ev)
+            t, _, kind, r = heapq.heappop(ev)
             if kind == ARRIVAL:
                 self._alive[r.rid] = r
                 self.sched.add(r)
             elif r.rid in self._alive:
-                self._resume(r)
+                self._resume(r, t)
 
     def run(self, until: float = math.inf) -> None:
         """Step until no work and no events are left, or the clock reaches `until`."""
@@ -156,7 +156,7 @@ class SimEngine:
             stall = seconds - fwd if self.overlap else copy
             # As the engine's workers report a step with copies: its stall and its forward window.
             core.step_done(seconds, {r.rid: n for r, n in out.tokens.items()}, resident, stall if copy else None,
-                           window if copy else None)
+                           window if copy and self.window_share < 1.0 else None)
             self.true_stall_s += stall
             self.true_stall_token_s += stall * resident
         for r, _ in out.tokens.items():
@@ -171,7 +171,7 @@ class SimEngine:
         r.output_tokens += 1
         r.turn_out_tokens += 1
         if r.first_token_s is None:
-            r.first_token_s = self.now
+            r.first_token_s = self.now + self.frontend_out_s  # where the replay sees it
         if r.turn_first_s is None:
             r.turn_first_s = self.now + self.frontend_out_s
         r.turn_left -= 1
@@ -192,15 +192,16 @@ class SimEngine:
             self.core.tag(r.session_id, r.aug_type, turn.call_s)
         self._push(self.now + self.frontend_out_s + turn.call_s + self.frontend_in_s, RESUME, r)
 
-    def _resume(self, r: SimRequest) -> None:
+    def _resume(self, r: SimRequest, at: float) -> None:
+        """The call's output reached the engine core at `at` (delivered at the next step boundary, `now`)."""
         core, sched = self.core, self.sched
         turn = r.turns[r.turn]
         r.call_s += turn.call_s or 0.0
         r.turn += 1
         r.turn_left = r.turns[r.turn].decode_tokens
-        # The replay sends the tool's output when the call's sleep ends (timed from there, as it times
-        # the engine: `metrics.Turn`).
-        r.turn_sent_s = self.now - self.frontend_in_s
+        # The replay sends the tool's output when the call's sleep ends and times the turn from there
+        # (`metrics.Turn`): the wait for the step under way counts in it.
+        r.turn_sent_s = at - self.frontend_in_s
         r.turn_first_s = None
         r.turn_in_tokens, r.turn_out_tokens = turn.returned_tokens, 0
         core.expire(self.now)

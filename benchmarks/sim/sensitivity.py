@@ -5,6 +5,7 @@ in each cell, with the benchmark's own rule for the max rate at the SLO (its fir
 Where `infercept`'s lead over the best peer grows, and where it vanishes, is read off one table.
 
     infercept simulate --sensitivity [--policies ...] [--seeds 1,2,3] [--rates ...] [--duration 30]
+        [--cost-from BENCH_JSON]   # that run's profile, setting and cost constants (fitted as --validate fits them)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import dataclasses
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND
@@ -29,16 +31,36 @@ RATES = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0)
 
 def sensitivity(policies: Sequence[str] = POLICIES, *, kv_factors: Sequence[float] = KV_FACTORS,
                 links_gbps: Sequence[float] = LINKS_GBPS, rates: Sequence[float] = RATES, duration_s: float = 30.0,
-                seeds: Sequence[int] = (1, 2, 3), workload: str = "mixed", subject: str = "infercept") -> dict[str, Any]:
+                seeds: Sequence[int] = (1, 2, 3), workload: str | None = None, subject: str = "infercept",
+                cost_from: str | Path | None = None, **cost: Any) -> dict[str, Any]:
+    """`cost_from`: a bench.json whose profile, engine setting, token budgets, workload (unless given) and
+    cost constants (`validate.fit_cost`, with `cost`'s options) every cell starts from; else the shipped
+    profile and `Setting`'s defaults, with none, on `workload` (default mixed)."""
     labels = list(policies) + ([BOUND] if BOUND not in policies else [])
-    base = Setting()
-    profile = load_profile(configs_dir() / "profiles" / "tiny-cpu-bench.json")
+    profile_name = "configs/profiles/tiny-cpu-bench.json"
+    start = SimBench(Setting(), load_profile(configs_dir() / "profiles" / "tiny-cpu-bench.json"))
+    cost_model: dict[str, Any] | None = None
+    if cost_from is not None:
+        from infercept.benchmarks.sim.validate import fit_cost, read_bench, sim_bench
+
+        bj = read_bench(cost_from)
+        workload = workload or bj["workload"]
+        fitted = fit_cost(bj, **cost)
+        # The bench's setting, profile, budgets and every fitted constant; the bound's KV is sized per
+        # cell by `sweep`, as the runner sizes it.
+        start = sim_bench(bj, host_per_request_s=fitted.host_per_request_s, **fitted.kw)
+        start.setting = dataclasses.replace(start.setting, unlimited_kv_tokens=0)
+        profile_name = f"{cost_from} (setting.profile_data)"
+        cost_model = {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
+                      **fitted.fits(), "bench": str(cost_from)}
+    workload = workload or "mixed"
+    base = start.setting
     cells = []
     for kvf in kv_factors:
         for link in links_gbps:
             t0 = time.time()
             s = dataclasses.replace(base, kv_tokens=int(base.kv_tokens * kvf), swap_link_gbps=link)
-            res = sweep(SimBench(s, profile), labels, rates, duration_s, seeds, workload=workload, verbose=False)
+            res = sweep(dataclasses.replace(start, setting=s), labels, rates, duration_s, seeds, workload=workload, verbose=False)
             head = res["headline"]
             peers = {lab: h["max_rate_at_slo"] for lab, h in head.items() if lab not in (subject, BOUND)}
             best = max(peers, key=lambda lab: peers[lab]) if peers else None
@@ -57,7 +79,7 @@ def sensitivity(policies: Sequence[str] = POLICIES, *, kv_factors: Sequence[floa
                   f"{peers.get(best) if best else None} -> {c['ratio_vs_best_peer']}  ({c['wall_s']:.0f} s)", file=sys.stderr, flush=True)
     return {"subject": subject, "policies": labels, "workload": workload, "rates": list(rates), "duration_s": duration_s,
             "seeds": list(seeds), "kv_factors": list(kv_factors), "links_gbps": list(links_gbps),
-            "setting": dataclasses.asdict(base), "profile": "configs/profiles/tiny-cpu-bench.json", "cells": cells,
+            "setting": dataclasses.asdict(base), "profile": profile_name, "cost_model": cost_model, "cells": cells,
             "rule": "max rate at the SLO by the benchmark's headline (knee over the rate grid, median over seeds); "
                     "ratio_vs_best_peer: the subject's over the best other policy's, the bound excluded"}
 

@@ -9,8 +9,10 @@ profile it ran with (`setting.profile_data`), each policy's own token budget (`t
 the pilot when baselines were tuned), and the SLO (`slo.slo_normalized_latency_s`): the simulated
 headline is judged at the bench's SLO; the simulator's own calibration of it is reported beside.
 
-One constant is not in the profile: the host time per step per request the engine holds (see
-`SimEngine`). It is fitted once, on one policy (`fit_on`, default the bound, which never recomputes), and every other policy is
+Three constants are not in the profile (`fit_cost`): the host time per step beyond it (calibrated on the
+bench's unloaded reference), the share of a step swap copies hide behind (what the bench's engines
+learned, `swap_overlap`), and the host time per step per request the engine holds (see `SimEngine`).
+The last is fitted once, on one policy (`fit_on`, default the bound, which never recomputes), and every other policy is
 then a prediction."""
 
 from __future__ import annotations
@@ -83,10 +85,11 @@ def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context
 
 def measured_window_share(bj: Mapping[str, Any]) -> float | None:
     """The swap budget's share of a step as the bench's engines learned it (`swap_overlap`, recorded per
-    run since the simulator needed it): the median over every run of a swapping policy; None where the
-    bench did not record it."""
+    run since the simulator needed it): the median over every run that swapped (a run that never did
+    reports the initial 1.0); None where the bench did not record it."""
     xs = [r["swap_overlap"] for runs in (bj.get("results") or {}).values() for by_rate in runs.values()
-          for r in by_rate.values() if isinstance(r, Mapping) and r.get("swap_overlap") is not None]
+          for r in by_rate.values() if isinstance(r, Mapping) and r.get("swap_overlap") is not None
+          and r.get("swapped_out_tokens")]
     return statistics.median(xs) if xs else None
 
 
@@ -96,7 +99,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
              decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
              window_share: float | None = None, verbose: bool = True) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
-    `fit_on` alone (the grid value whose max rate at the bench's SLO is closest to the measured one);
+    `fit_on` alone (the grid value whose median latencies are closest to the measured ones, `_fit_grid`);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
     batch x context on the bench's machine; unless `context_share` is given, the share of each profile
     decode step that grows with context is taken from them (`context_shares`, on the steps short of a
@@ -159,6 +162,12 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
     """The cost constants the bench's machine had (see `validate`), each given or fitted on the bench.
     `window_share`: given, or the bench's measured one (`measured_window_share`); 1.0 (copies hide
     behind the whole step) where the bench did not record it, said so in `window_share_source`."""
+    for label in (fit_on if host_per_request_s is None else None, fit_recompute_on):
+        if label is not None and label not in bj["policies"]:
+            raise ValueError(f"cannot fit on {label!r}: the bench ran {', '.join(bj['policies'])} "
+                             "(name one of them, or give the value)")
+    if window_share is not None and not 0.0 < window_share <= 1.0:
+        raise ValueError(f"window share {window_share}: the share of a step copies hide behind is in (0, 1]")
     source = "given"
     if window_share is None:
         window_share = measured_window_share(bj)
@@ -235,9 +244,6 @@ def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float
     """The grid value of the cost parameter `name` whose simulated median normalized latencies of `label`
     are closest to the measured ones over every (seed, rate) run (mean absolute log ratio): every run
     of one policy, not only its headline, which one noisy seed can move. Ties go to the smallest."""
-    if label not in bj["policies"]:
-        raise ValueError(f"cannot fit {name} on {label!r}: the bench ran {', '.join(bj['policies'])} "
-                         "(name one of them with --fit-on, or give the value)")
     trials = []
     for c in grid:
         v = _validate(bj, [label], verbose=False, **{**kw, name: c})
@@ -350,6 +356,8 @@ def _brief(x: Mapping[str, Any]) -> dict[str, Any]:
 
 def print_validation(v: Mapping[str, Any]) -> None:
     print(f"\nreplay: {'; '.join(v['replay'])}; workload check: {v['workload_check']}")
+    if v.get("not_simulated"):
+        print(f"not simulated (the simulator does not model them): {', '.join(v['not_simulated'])}")
     cm = v["cost_model"]
     fit = cm.get("host_fit")
     how = f"fitted on {fit['fitted_on']}" if fit else "given"

@@ -109,13 +109,15 @@ def test_validation_takes_the_window_share_the_bench_measured_and_refuses_a_fit_
     bj = json.loads(bench.read_text())
     for seed, share in (("3", 0.3), ("4", 0.5)):
         for r in bj["results"]["infercept"][seed].values():
-            r["swap_overlap"] = share
+            r["swap_overlap"], r["swapped_out_tokens"] = share, 1000
+    for r in bj["results"]["discard"]["3"].values():  # a run that never swapped reports the initial 1.0: not counted
+        r["swap_overlap"], r["swapped_out_tokens"] = 1.0, 0
     bench.write_text(json.dumps(bj))
     v = validate(bench, policies=["infercept"], host_per_request_s=0.0, step_overhead_s=0.0, verbose=False)
     assert v["cost_model"]["window_share"] == pytest.approx(0.4) and "measured" in v["cost_model"]["window_share_source"]
     v = validate(bench, policies=["infercept"], host_per_request_s=0.0, step_overhead_s=0.0, window_share=0.9, verbose=False)
     assert v["cost_model"]["window_share"] == 0.9 and v["cost_model"]["window_share_source"] == "given"
-    with pytest.raises(ValueError, match="cannot fit host_per_request_s on 'swap'"):
+    with pytest.raises(ValueError, match="cannot fit on 'swap'"):
         validate(bench, policies=["infercept"], fit_on="swap", step_overhead_s=0.0, verbose=False)
 
 
@@ -222,6 +224,19 @@ def test_sensitivity_grid_names_the_best_peer_in_each_cell() -> None:
             assert c["ratio_vs_best_peer"] == c["max_rate_at_slo"]["infercept"] / peer
     assert res["cells"][1]["kv_tokens"] == 4 * res["cells"][0]["kv_tokens"]
     assert "x0.5" in table(res) and "1 GB/s" in table(res)
+    assert res["cost_model"] is None and res["profile"] == "configs/profiles/tiny-cpu-bench.json"
+
+
+def test_sensitivity_starts_from_a_benchs_setting_and_fitted_costs(tmp_path: Path) -> None:
+    from infercept.benchmarks.sim.sensitivity import sensitivity
+
+    bench = fake_bench(tmp_path / "bench.json")
+    res = sensitivity(["infercept"], kv_factors=(1.0,), links_gbps=(1.0,), rates=(1.0,), duration_s=4.0, seeds=(1,),
+                      workload="qa", cost_from=bench, host_per_request_s=50e-6, step_overhead_s=0.001, window_share=0.5)
+    cm = res["cost_model"]
+    assert (cm["host_per_request_s"], cm["step_overhead_s"], cm["window_share"]) == (50e-6, 0.001, 0.5)
+    assert res["setting"]["kv_tokens"] == 8192 and res["cells"][0]["kv_tokens"] == 8192  # the bench's, x1
+    assert res["profile"].startswith(str(bench))
 
 
 def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path: Path) -> None:
