@@ -12,6 +12,7 @@ from typing import Any
 from augmentations.factory import validate_settings
 from engine_adapter.config import read_config_doc
 from engine_adapter.paths import infercept_home
+from gateway.store_pg import is_postgres_url, redact
 
 DEFAULT_AUGMENTATIONS: dict[str, dict[str, Any]] = {
     "calculator": {"timeout_s": 5},
@@ -41,6 +42,10 @@ class ServerConfig:
     # The durable session store (SQLite): default $INFERCEPT_HOME/state/sessions.db; ":memory:" keeps
     # nothing across restarts. Artifacts of live sessions are kept in the folder beside it.
     state_path: str | None = None
+    # Where sessions are stored: unset, the SQLite file above; a PostgreSQL URL
+    # ("postgresql://user@host:5432/db"; the password from PGPASSWORD or ~/.pgpass rather than the file),
+    # a database several replicas share (gateway/store_pg.py). The state folder still holds the lock.
+    store: str | None = None
     drain_s: float = 30.0  # on SIGTERM: how long running turns may finish before the server stops
     max_queued_turns: int = 1024  # turns in progress at once (generating or in a server tool); 503 beyond
     sse_ping_s: float = 15.0  # an SSE comment this often while a stream is quiet (proxies keep it open)
@@ -70,7 +75,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
     "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,), "max_reprompts": (int,),
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
-    "model_name": (str, type(None)), "state_path": (str, type(None)), "drain_s": (int, float),
+    "model_name": (str, type(None)), "state_path": (str, type(None)), "store": (str, type(None)), "drain_s": (int, float),
     "max_queued_turns": (int,), "sse_ping_s": (int, float), "backlog": (int,), "restart_engine": (bool,),
 }
 
@@ -90,6 +95,9 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
             raise ValueError(f"server.{key} must be {'>= 0' if key in _ZERO_OK else 'positive'}")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
+    if data.get("store") is not None and not is_postgres_url(data["store"]):
+        raise ValueError(f"server.store: expected a postgresql:// URL, got {redact(data['store'])!r} "
+                         "(leave it unset for SQLite at server.state_path)")
     return ServerConfig(**data)
 
 

@@ -43,7 +43,8 @@ from gateway.procs import StateLock, reap_orphans, record_engine
 from gateway.prompts import PromptBuilder
 from gateway.schemas import Health, HealthStatus
 from gateway.session_table import EPHEMERAL_PREFIX, SessionTable
-from gateway.store import MEMORY, SqliteStore
+from gateway.store import MEMORY, SessionStore, SqliteStore
+from gateway.store_pg import PostgresStore
 
 log = logging.getLogger("infercept.gateway")
 RETRY_OVERLOADED_S = 1  # a turn slot frees within seconds
@@ -70,7 +71,7 @@ class Gateway:
         self.metrics = GatewayMetrics()
         path = str(config.server.resolved_state_path())
         self.state_dir = Path(path).parent if path != MEMORY else None
-        self._store: SqliteStore | None = None
+        self._store: SessionStore | None = None
         self._lock: StateLock | None = None
         self._artifacts: ArtifactStore | None = None
         self._table: SessionTable | None = None
@@ -89,7 +90,7 @@ class Gateway:
         return self._registry
 
     @property
-    def store(self) -> SqliteStore:
+    def store(self) -> SessionStore:
         if self._store is None:
             raise NotOpen("session store")
         return self._store
@@ -120,7 +121,9 @@ class Gateway:
                 self._registry, self.timeouts = build_registry(self.config.augmentations)
             if self.state_dir is not None:
                 self._lock = StateLock(self.state_dir)
-            self._store = await asyncio.to_thread(SqliteStore, self.config.server.resolved_state_path())
+            url = self.config.server.store
+            self._store = (await PostgresStore.open(url) if url is not None
+                           else await asyncio.to_thread(SqliteStore, self.config.server.resolved_state_path()))
             self._artifacts = ArtifactStore(self.config.server.artifact_store_mb * 2**20,
                                             self.state_dir / "artifacts" if self.state_dir is not None else None)
             self._table = SessionTable(self._store, on_removed=self._artifacts.drop_session)

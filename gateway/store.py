@@ -1,9 +1,10 @@
-"""The durable session store: one small interface, SQLite its only implementation.
+"""The durable session store: one small interface, SQLite its embedded implementation (PostgreSQL, for
+replicas that share it, in `gateway.store_pg`).
 
 A session is a *head* (its settings, state, pending call, usage: small, rewritten at each commit) and
 an append-only *log* of events (transcript entries, call-record updates, the context tokens the engine
 appended, the model's text as it streamed). A restart folds the log back into a session
-(`gateway.durable`). The interface is what a shared store for several gateway replicas would implement.
+(`gateway.durable`).
 
 SQLite runs in WAL mode on one writer thread of its own (never the event loop, never the loop's default
 executor, which a hung tool can exhaust). The thread commits group-wise: every write queued while the
@@ -57,7 +58,12 @@ class StoredSession:
 
 
 class SessionStore(Protocol):
-    """What the gateway needs from a store. Every write is committed when its await returns."""
+    """What the gateway needs from a store (`SqliteStore`; `store_pg.PostgresStore`, shared by replicas).
+    Every write is committed when its await returns."""
+
+    path: str  # where it is (a file, or a URL without its password)
+    commits: int  # transactions committed
+    writes: int  # writes they carried
 
     async def put(self, sid: str, token_hash: str, head: Mapping[str, Any]) -> None:
         """Create or replace a session's head (its log is kept)."""

@@ -87,7 +87,7 @@ MSG
 fi
 
 # 2. infercept itself (editable), vLLM (CPU or CUDA build), the augmentations' engines and the dev tools.
-"${pip[@]}" install "${extra[@]}" -e ".[$flavour,dev,models,tools,bench]"
+"${pip[@]}" install "${extra[@]}" -e ".[$flavour,dev,models,tools,bench,postgres]"
 
 # 3. PyPI's torchvision/torchcodec do not load beside the CPU torch ("operator torchvision::nms does
 #    not exist") and break transformers' model imports; vLLM serves text models without them.

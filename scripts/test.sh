@@ -18,17 +18,28 @@ fi
 scripts/install.sh
 export TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 .venv/bin/infercept model prepare --name tiny
+
+# Debian packages some tests drive for real, installed where we can (root with apt); elsewhere those
+# tests are skipped with the reason. apt_install PACKAGE WHY
+apt_install() {
+    if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+        echo "installing Debian's $1 for $2..."
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" >/dev/null 2>&1 \
+            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$1" >/dev/null 2>&1; } \
+            || echo "warning: could not install $1; $2 will be skipped" >&2
+    fi
+}
+# The PostgreSQL session store's tests start a server of their own (tests/pg.py).
+if ! command -v initdb >/dev/null 2>&1 && ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+    apt_install postgresql "the PostgreSQL store tests"
+fi
 marks=()
 if [ "$fast" = 1 ]; then
     marks=(-m "not engine and not server and not slow and not default_model and not gpu")
 else
-    # The web-client test drives Debian's Chromium (no browser download). Install it where we can (root
-    # with apt); elsewhere that one test is skipped with the reason.
-    if ! command -v chromium >/dev/null 2>&1 && command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-        echo "installing Debian's chromium for the browser test..."
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1 \
-            || { apt-get update -q >/dev/null 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null 2>&1; } \
-            || echo "warning: could not install chromium; the browser test will be skipped" >&2
+    # The web-client test drives Debian's Chromium (no browser download).
+    if ! command -v chromium >/dev/null 2>&1; then
+        apt_install chromium "the browser test"
     fi
     .venv/bin/infercept model prepare --name default
 fi
