@@ -244,7 +244,7 @@ async def prepare(plan: Plan) -> Workloads:
                 print(f"measuring the tiny model's profile on this machine into {path} ...", file=sys.stderr, flush=True)
                 try:
                     prof = await run_profile("tiny", s.dtype, PROFILE_GRID, 3, None)
-                    check_fwd(prof.fwd_tokens, prof.fwd_seconds)
+                    check_fwd(prof.fwd_tokens, prof.fwd_seconds, prof.device)
                     path.write_text(prof.to_json() + "\n")
                     break
                 except ImplausibleProfile as e:  # a noisy machine: measured again, and refused the third time

@@ -2,7 +2,11 @@
 
 * T_fwd over a grid of batched-token counts: one prompt of N tokens with max_tokens=1 is one iteration
   of N query tokens (chunked prefill budget >= N, prefix caching off); the time to its first token,
-  minus the same for a 1-token prompt (fixed per-request overhead), is T_fwd(N). Median of repeats.
+  minus the same for a 1-token prompt (fixed per-request overhead), is T_fwd(N). The sizes are measured
+  in rounds (1 token and every grid point once per round, at least five rounds), so that a machine
+  whose speed drifts over seconds moves all of them alike, and each time is the fastest of its rounds
+  (noise only ever adds time; a median of two, taken size after size, let a slow patch make small N
+  look free).
 * Decode steps for batch shapes that matter (B concurrent requests at a given context): recorded in
   `extra` for reference; the waste equations use the prefill grid.
 * S, the saturation point: the smallest N whose time per token is within 5% of the best, counting the
@@ -93,9 +97,16 @@ class ImplausibleProfile(RuntimeError):
     """The measured T_fwd curve cannot be a forward pass's (noise from a busy machine swamped it)."""
 
 
-def check_fwd(grid: tuple[int, ...], fwd: tuple[float, ...]) -> None:
+def check_fwd(grid: tuple[int, ...], fwd: tuple[float, ...], device: str = "cuda") -> None:
     """T_fwd must not fall by half from one grid point to the next (more tokens never cost much less): a
-    curve that does came from a machine busy with something else, and its S would be wrong."""
+    curve that does came from a machine busy with something else, and its S would be wrong. On a CPU a
+    forward pass of hundreds of tokens is never free either (tens can look free: the step's fixed part
+    hides them; on a GPU hundreds can too)."""
+    if device == "cpu":
+        for n, t in zip(grid, fwd):
+            if n >= 256 and t <= 1e-5:
+                raise ImplausibleProfile(f"T_fwd({n} tokens) measured {t * 1e6:.0f} us on a CPU: the 1-token "
+                                         "reference was slower than it (a busy machine); measure again")
     for (n0, t0), (n1, t1) in zip(zip(grid, fwd), zip(grid[1:], fwd[1:])):
         if t0 > 1e-4 and t1 < 0.5 * t0:
             raise ImplausibleProfile(f"T_fwd fell from {t0 * 1000:.2f} ms at {n0} tokens to {t1 * 1000:.2f} ms at {n1}: "
@@ -119,10 +130,15 @@ async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: in
     await engine.start()
     try:
         await _ttft(engine, 8, 0)  # warm-up
-        base = statistics.median([await _ttft(engine, 1, r) for r in range(repeats)])
+        sizes = (1, *grid)
+        best = dict.fromkeys(sizes, float("inf"))
+        for r in range(max(repeats, 5)):
+            for n in sizes:
+                best[n] = min(best[n], await _ttft(engine, n, r))
+        base = best[1]
         fwd: list[float] = []
         for n in grid:
-            t = statistics.median([await _ttft(engine, n, r) for r in range(repeats)])
+            t = best[n]
             fwd.append(max(t - base, 1e-6) if n > 1 else t)
             print(f"T_fwd({n:5d} tokens) = {fwd[-1] * 1000:8.2f} ms  ({fwd[-1] / n * 1e6:7.1f} us/token)", flush=True)
         decode = {}
