@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 log = logging.getLogger("infercept.store")
 MEMORY = ":memory:"
@@ -217,16 +217,7 @@ class SqliteStore:
                 first = self._jobs.get()
                 if first is None:
                     break
-                batch = [first]
-                while len(batch) < MAX_BATCH:
-                    try:
-                        job = self._jobs.get_nowait()
-                    except queue.Empty:
-                        break
-                    if job is None:
-                        stop = True
-                        break
-                    batch.append(job)
+                batch, stop = take_batch(first, self._jobs.get_nowait, queue.Empty)
                 self._run_batch(db, batch)
         finally:
             self._closed = True
@@ -259,6 +250,24 @@ class SqliteStore:
             results = [(job, None, e) for job in batch]
         for job, value, err in results:
             _notify(job, value, err)
+
+
+J = TypeVar("J")
+
+
+def take_batch(first: J, get_nowait: Callable[[], J | None], empty: type[Exception]) -> tuple[list[J], bool]:
+    """A group commit's jobs: `first` and every job queued behind it (up to `MAX_BATCH`), and whether the
+    close's sentinel (None) was met among them (the writer stops after this batch)."""
+    batch = [first]
+    while len(batch) < MAX_BATCH:
+        try:
+            job = get_nowait()
+        except empty:
+            break
+        if job is None:
+            return batch, True
+        batch.append(job)
+    return batch, False
 
 
 def _notify(job: _Job, value: Any, err: BaseException | None) -> None:

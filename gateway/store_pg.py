@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.store import MAX_BATCH, SCHEMA_VERSION, StoredSession, StoreError, _dump
+from gateway.store import SCHEMA_VERSION, StoredSession, StoreError, _dump, take_batch
 
 log = logging.getLogger("infercept.store")
 
@@ -191,16 +191,7 @@ class PostgresStore:
                 first = await self._jobs.get()
                 if first is None:
                     break
-                batch = [first]
-                while len(batch) < MAX_BATCH:
-                    try:
-                        job = self._jobs.get_nowait()
-                    except asyncio.QueueEmpty:
-                        break
-                    if job is None:
-                        stop = True
-                        break
-                    batch.append(job)
+                batch, stop = take_batch(first, self._jobs.get_nowait, asyncio.QueueEmpty)
                 await self._run_batch(batch)
         finally:
             self._closed = True

@@ -17,30 +17,36 @@ import pytest
 from augmentations.base import Artifact
 from gateway.artifacts import ArtifactStore
 from gateway.durable import fold, hash_token, token_matches
-from gateway.store import MEMORY, SqliteStore, StoreError, _Job
+from gateway.store import MEMORY, SessionStore, SqliteStore, StoreError, _Job
 from tests.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+async def check_round_trip(store: SessionStore) -> None:
+    """The interface's promise, for every store (tests/gateway/test_store_pg.py runs it on PostgreSQL)."""
+    await store.put("a", "h1", {"state": "idle", "n": 1})
+    await store.put("b", "h2", {"state": "idle"})
+    await store.append_event("a", [{"k": "msg", "role": "user", "content": "hi"}], {"state": "generating", "n": 2})
+    await store.append_event("a", [{"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}])
+    got = await store.get("a")
+    assert got is not None and got.token_hash == "h1" and got.head == {"state": "generating", "n": 2}
+    assert got.events == [{"k": "msg", "role": "user", "content": "hi"}, {"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}]
+    assert await store.list() == ["a", "b"]
+    await store.put("a", "h1", {"state": "idle"})  # the head is replaced, the log kept, its place in the list too
+    assert (await store.get("a")).events == got.events  # type: ignore[union-attr]
+    assert await store.list() == ["a", "b"]
+    await store.delete("a")
+    assert await store.get("a") is None and await store.list() == ["b"]
+    # A late commit of a deleted session (its reader was still flushing) adds nothing.
+    await store.append_event("a", [{"k": "msg"}], {"state": "idle"})
+    assert await store.get("a") is None
+
+
 async def test_put_get_list_delete_and_append(tmp_path: Path) -> None:
     store = SqliteStore(tmp_path / "state" / "sessions.db")
     try:
-        await store.put("a", "h1", {"state": "idle", "n": 1})
-        await store.put("b", "h2", {"state": "idle"})
-        await store.append_event("a", [{"k": "msg", "role": "user", "content": "hi"}], {"state": "generating", "n": 2})
-        await store.append_event("a", [{"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}])
-        got = await store.get("a")
-        assert got is not None and got.token_hash == "h1" and got.head == {"state": "generating", "n": 2}
-        assert got.events == [{"k": "msg", "role": "user", "content": "hi"}, {"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}]
-        assert await store.list() == ["a", "b"]
-        await store.put("a", "h1", {"state": "idle"})  # the head is replaced, the log kept
-        assert (await store.get("a")).events == got.events  # type: ignore[union-attr]
-        await store.delete("a")
-        assert await store.get("a") is None and await store.list() == ["b"]
-        # A late commit of a deleted session (its reader was still flushing) adds nothing.
-        await store.append_event("a", [{"k": "msg"}], {"state": "idle"})
-        assert await store.get("a") is None
+        await check_round_trip(store)
         db = sqlite3.connect(store.path)
         assert db.execute("SELECT COUNT(*) FROM events WHERE session_id = 'a'").fetchone() == (0,)
         assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)

@@ -21,6 +21,7 @@ import pytest_asyncio
 from gateway.config import GatewayConfig, ServerConfig, server_config
 from gateway.store import SCHEMA_VERSION, StoreError
 from gateway.store_pg import PostgresStore, redact
+from tests.gateway.test_store import check_round_trip
 from tests.pg import PgServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -56,22 +57,7 @@ async def db_url(pg: PgServer) -> AsyncIterator[str]:
 async def test_put_get_list_delete_and_append(db_url: str) -> None:
     store = await PostgresStore.open(db_url)
     try:
-        await store.put("a", "h1", {"state": "idle", "n": 1})
-        await store.put("b", "h2", {"state": "idle"})
-        await store.append_event("a", [{"k": "msg", "role": "user", "content": "hi"}], {"state": "generating", "n": 2})
-        await store.append_event("a", [{"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}])
-        got = await store.get("a")
-        assert got is not None and got.token_hash == "h1" and got.head == {"state": "generating", "n": 2}
-        assert got.events == [{"k": "msg", "role": "user", "content": "hi"}, {"k": "ids", "ids": [1, 2, 3]}, {"k": "text", "text": "é"}]
-        assert await store.list() == ["a", "b"]
-        await store.put("a", "h1", {"state": "idle"})  # the head is replaced, the log kept, its place in the list too
-        assert (await store.get("a")).events == got.events  # type: ignore[union-attr]
-        assert await store.list() == ["a", "b"]
-        await store.delete("a")
-        assert await store.get("a") is None and await store.list() == ["b"]
-        # A late commit of a deleted session (its reader was still flushing) adds nothing.
-        await store.append_event("a", [{"k": "msg"}], {"state": "idle"})
-        assert await store.get("a") is None
+        await check_round_trip(store)
         async with store._pool.acquire() as db:
             assert await db.fetchval("SELECT COUNT(*) FROM infercept_events WHERE session_id = 'a'") == 0
         assert store.commits >= 7 and store.writes >= 7 and store.persistent
@@ -165,21 +151,28 @@ async def test_two_replicas_open_one_database_at_once_and_read_each_others_write
         await asyncio.gather(a.close(), b.close())
 
 
-async def test_a_lost_writer_connection_fails_its_batch_and_is_reopened(db_url: str) -> None:
+async def test_a_lost_writer_connection_is_reopened_and_no_acknowledged_write_is_lost(db_url: str) -> None:
+    """The server ends the writer's connection (a restart, a failover). A write either commits (asyncpg
+    noticed first and the writer reconnected before its batch) or fails its caller with StoreError (its
+    batch raced the loss); never a hang, and every write that returned is in the log."""
     store = await PostgresStore.open(db_url)
     try:
         await store.put("s", "h", {"n": 0})
         pid = store._writer.get_server_pid()
         async with store._pool.acquire() as db:
             assert await db.fetchval("SELECT pg_terminate_backend($1)", pid)
-        with pytest.raises(StoreError):  # the batch the connection died under: its callers learn so
-            for i in range(50):
-                await store.append_event("s", [{"k": "text", "text": str(i)}], {"n": i})
-                await asyncio.sleep(0.05)
+        acked = []
+        for i in range(20):
+            try:
+                await asyncio.wait_for(store.append_event("s", [{"k": "text", "text": str(i)}], {"n": i}), 10)
+                acked.append(str(i))
+            except StoreError:
+                pass
         await store.append_event("s", [{"k": "text", "text": "after"}], {"n": "after"})  # reopened
-        assert store._writer.get_server_pid() != pid
+        assert store._writer.get_server_pid() != pid and acked
         got = await store.get("s")
-        assert got is not None and got.head == {"n": "after"} and got.events[-1] == {"k": "text", "text": "after"}
+        assert got is not None and got.head == {"n": "after"}
+        assert [e["text"] for e in got.events] == [*acked, "after"]
     finally:
         await store.close()
 
