@@ -16,6 +16,7 @@ Time advances by each step's cost (`cost.py`); while nothing is runnable it jump
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 from collections.abc import Callable
@@ -111,8 +112,19 @@ class SimEngine:
             if not self._step():
                 wake = self._next_wake()
                 if wake is None:
-                    raise Stuck(f"t={self.now:.3f}: {sched.unfinished()} requests queued, nothing can run")
+                    raise Stuck(f"t={self.now:.3f}: {sched.unfinished()} requests queued, nothing can run ({self._stuck_state()})")
                 self.now = max(self.now, min(wake, until))
+
+    def _stuck_state(self) -> str:
+        """What a `Stuck` report needs to be diagnosed: the queues, the free blocks, the paused entries'
+        states, the waiting head."""
+        sched = self.sched
+        states = collections.Counter(e.state.name for e in self.core.entries.values())
+        head = sched.waiting[0] if sched.waiting else None
+        return (f"running {len(sched.running)}, waiting {len(sched.waiting)}, kv-ready {len(sched.kv_ready)}, "
+                f"loading {len(sched.loading)}, paused slots {sched.paused_slots}/{sched.max_num_seqs}, "
+                f"free blocks {sched.pool.num_free()}/{sched.pool.num_blocks}, entries {dict(states)}, head "
+                + (f"{head.rid} ({head.num_computed}/{head.num_tokens} tokens, {len(head.blocks)} blocks)" if head else "none"))
 
     def _next_wake(self) -> float | None:
         """Nothing ran. The engine spins empty steps; what can change things is the next event, a TTL

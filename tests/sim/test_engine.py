@@ -250,3 +250,14 @@ def test_the_host_tier_policy_is_refused_not_simulated_as_vllm_apc(tmp_path: Pat
     assert set(VARIANTS) - set(SIMULATED_LABELS) == {"vllm-offload"}
     with pytest.raises(ValueError, match="'vllm-offload' cannot be simulated: the simulator does not model vLLM's host KV tier"):
         toy_bench(tmp_path).engine("vllm-offload")
+
+
+def test_a_request_that_can_never_run_is_reported_with_the_state_that_explains_it(tmp_path: Path) -> None:
+    """The simulator raises `Stuck` (a bug to find, not a hang) and says what the queues, the free blocks
+    and the paused entries were."""
+    from infercept.benchmarks.sim.engine import Stuck
+
+    eng = toy_bench(tmp_path, kv_tokens=256).engine("infercept")
+    eng.submit(request("huge", 1000, [(2, None, 0)]))  # more blocks than the pool holds
+    with pytest.raises(Stuck, match=r"waiting 1, .* free blocks 16/16, entries \{\}, head huge \(0/1000 tokens, 0 blocks\)"):
+        eng.run()
