@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -70,21 +71,33 @@ async def blocked_writer(store: SqliteStore, gate: threading.Event) -> asyncio.F
     return blocker
 
 
+def queue_writes(store: SessionStore, n: int = 100) -> list[asyncio.Future[None]]:
+    """`n` writes to session "s", each appending one event and replacing the head."""
+    return [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(n)]
+
+
+async def check_one_commit_for_the_queue(store: SessionStore, blocker: asyncio.Future[object],
+                                         writes: list[asyncio.Future[None]], release: Callable[[], None]) -> None:
+    """The group commit, for every store (tests/gateway/test_store_pg.py runs it on PostgreSQL): `writes`,
+    queued while `blocker` held the writer in its transaction, commit together in the next one, in order."""
+    before = store.commits
+    release()
+    await asyncio.gather(blocker, *writes)
+    assert store.commits - before == 2  # the blocked one, then all of the queue in one transaction
+    got = await store.get("s")
+    assert got is not None and got.head == {"i": len(writes) - 1}
+    assert [e["text"] for e in got.events] == [str(i) for i in range(len(writes))]
+
+
 async def test_writes_queued_during_a_transaction_share_the_next_one() -> None:
     store = SqliteStore(MEMORY)
     try:
         await store.put("s", "h", {})
         gate = threading.Event()
         blocker = await blocked_writer(store, gate)
-        writes = [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(100)]
+        writes = queue_writes(store)
         await wait_until(lambda: store._jobs.qsize() == 100, 10, "100 writes queued behind the blocked transaction")
-        before = store.commits
-        gate.set()
-        await asyncio.gather(blocker, *writes)
-        assert store.commits - before == 2  # the blocked one, then all 100 in one transaction
-        got = await store.get("s")
-        assert got is not None and got.head == {"i": 99}
-        assert [e["text"] for e in got.events] == [str(i) for i in range(100)]
+        await check_one_commit_for_the_queue(store, blocker, writes, gate.set)
     finally:
         await store.close()
 

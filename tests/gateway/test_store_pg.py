@@ -21,7 +21,7 @@ import pytest_asyncio
 from gateway.config import GatewayConfig, ServerConfig, server_config
 from gateway.store import SCHEMA_VERSION, StoreError
 from gateway.store_pg import PostgresStore, redact
-from tests.gateway.test_store import check_round_trip
+from tests.gateway.test_store import check_one_commit_for_the_queue, check_round_trip, queue_writes
 from tests.pg import PgServer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -86,16 +86,10 @@ async def test_writes_queued_during_a_transaction_share_the_next_one(db_url: str
     try:
         await store.put("s", "h", {})
         blocker, gate = await _held(store)
-        writes = [asyncio.ensure_future(store.append_event("s", [{"k": "text", "text": str(i)}], {"i": i})) for i in range(100)]
+        writes = queue_writes(store)
         await asyncio.sleep(0)
         assert store._jobs.qsize() == 100
-        before = store.commits
-        gate.set()
-        await asyncio.gather(blocker, *writes)
-        assert store.commits - before == 2  # the held one, then all 100 in one transaction
-        got = await store.get("s")
-        assert got is not None and got.head == {"i": 99}
-        assert [e["text"] for e in got.events] == [str(i) for i in range(100)]
+        await check_one_commit_for_the_queue(store, blocker, writes, gate.set)
     finally:
         await store.close()
 
