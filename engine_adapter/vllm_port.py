@@ -7,7 +7,7 @@ public names are listed in the docstring of each module that uses them.
 
 The scheduler (`VllmPort`):
 
-* `Scheduler._free_request_blocks`, `num_waiting_for_streaming_input` (paused requests hold a running
+* `Scheduler._free_request_blocks`, `_inflight_prefills`, `num_waiting_for_streaming_input` (paused requests hold a running
   slot there, counted against `max_num_active_reqs`), `running`, `waiting`, `kv_holding_waiting`,
   `max_num_scheduled_tokens`, `block_size`, `max_model_len`, `scheduler_reserve_full_isl`,
   `num_lookahead_tokens`, `deferred_frees`, `requests`;
@@ -69,6 +69,19 @@ class VllmPort:
 
     def slots_full(self) -> bool:
         return len(self.s.running) + self.s.num_waiting_for_streaming_input >= self.s.max_num_active_reqs
+
+    def kv_holding_waiting(self) -> list[str]:
+        # vLLM's own test for a waiting request holding blocks (`Scheduler._holds_kv_blocks`), among
+        # those it could admit now.
+        return [r.request_id for r in self.s.kv_holding_waiting if r.status in _READY and r.num_computed_tokens > 0]
+
+    def evict_waiting(self, request_id: str) -> None:
+        # As `Scheduler._preempt_request` frees a running request, then where a recomputed resume goes.
+        req = self.s.requests[request_id]
+        self.s._free_request_blocks(req)
+        self.s._inflight_prefills.discard(req)
+        req.num_computed_tokens = 0
+        self.requeue_by_arrival(req)
 
     # ------------------------------------------------------------------ slots and queues
     def take_slot_back(self) -> None:

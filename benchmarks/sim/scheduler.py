@@ -87,6 +87,17 @@ class SimScheduler:
     def slots_full(self) -> bool:
         return len(self.running) + self.paused_slots >= self.max_num_seqs
 
+    def kv_holding_waiting(self) -> list[str]:
+        return [r.rid for _, r in self.kv_ready]
+
+    def evict_waiting(self, request_id: str) -> None:
+        r = self.requests[request_id]
+        self.kv_ready = [(pos, x) for pos, x in self.kv_ready if x is not r]
+        self.inflight.discard(r)
+        self.pool.free(r.blocks)
+        r.blocks = []
+        self.requeue_by_arrival(r)  # prefix-cache hits, if any are left, are found again as for a fresh prefill
+
     # ================================================================== queues
     def add(self, r: SimRequest) -> None:
         self._serial += 1

@@ -221,10 +221,8 @@ class InterceptCore:
         # Brand-new requests may wait for preserved KV (the preserve policy's cost), unless nothing
         # runs, in which case waiting would be a deadlock.
         wants_room = head is not None and (head in self.request_of.values() or view.running_requests == 0)
-        # A swap-in head allocates blocks for its whole host copy at once, not one chunk's worth.
-        load = self.entries[head].load_blocks if head in self.entries else 0
-        load_extra = max(0, load - view.head_blocks)
-        head_need = view.head_blocks + load_extra
+        head_need = self._head_need(view)
+        load_extra = head_need - view.head_blocks
         reserve = view.blocks_needed + load_extra + self.settings.demotion_reserve_blocks
         # The host buffer pressure swaps go to (None: this policy or this step demotes).
         swap = self.swap if self.spec.swap_under_pressure and view.running_requests > 0 else None
@@ -267,6 +265,42 @@ class InterceptCore:
             if e.request_id != head:
                 self.free(e, Fate.DEMOTED, now)
 
+    def unblock(self, view: StepView, now: float) -> None:
+        """Nothing runs, and the head of the queue cannot be admitted because waiting requests hold the
+        blocks it needs: sessions resumed in place and finished swap-ins (no longer paused, so demotion
+        cannot touch them). vLLM admits nothing past a head that does not fit and preempts only running
+        requests, so no step would ever change this: a deadlock. Free the newest such holders' blocks,
+        until the head fits, as vLLM's preemption frees the newest running request's: they are
+        recomputed (prefix-cache hits aside) when their turn comes. Copies to the host under way give
+        blocks back by themselves, so nothing is evicted while one is."""
+        head = view.head_waiting
+        if view.running_requests or head is None:
+            return
+        if any(e.state is KvState.SWAPPING_OUT for e in self.entries.values()):
+            return
+        need = self._head_need(view)
+        for rid in reversed(self.kv.kv_holding_waiting()):
+            if self.kv.num_free_blocks() >= need:
+                return
+            if rid == head:
+                continue
+            e = self.entries.get(rid)
+            if e is not None:  # a finished swap-in not yet scheduled: it is recomputed instead
+                self._expect(e, KvState.LOADED)
+                if e.host is not None:
+                    self._drop_host(e)
+                e.state = KvState.RECOMPUTE_QUEUED
+                self._moved(e, now)
+            self.kv.evict_waiting(rid)
+            self.ledger.totals.waiting_evictions += 1
+
+    def _head_need(self, view: StepView) -> int:
+        """Free blocks the head of the queue needs to be admitted: a swap-in head allocates blocks for its
+        whole host copy at once, not one chunk's worth."""
+        head = view.head_waiting
+        load = self.entries[head].load_blocks if head in self.entries else 0
+        return view.head_blocks + max(0, load - view.head_blocks)
+
     def tag(self, session_id: str, aug_type: str, expected_duration_s: float | None) -> bool:
         """Refine a session's current pause (the caller may know more, e.g. an oracle duration)."""
         e = self.entries.get(self.request_of.get(session_id, ""))
@@ -289,6 +323,8 @@ class InterceptCore:
         self.expire(now)
         if any(e.state.on_device for e in self.entries.values()):
             self.demote(view.get(), now)
+        if self.kv.kv_holding_waiting():
+            self.unblock(view.get(), now)
         if self.swap is not None:
             self._plan_swaps(view, now)
         if self.spec.chunk_at_saturation:

@@ -95,6 +95,9 @@ class Totals:
     swapped_in_tokens: int = 0
     swap_fallbacks: int = 0  # a swap the host buffer could not take: discarded instead
     pressure_swaps: int = 0  # copies of preserved KV to the host started to make room, instead of a demotion
+    # Resumed requests whose KV was freed while they waited, because nothing ran and the head of the
+    # queue could not be admitted (`InterceptCore.unblock`): recomputed instead of a deadlock.
+    waiting_evictions: int = 0
     preserved_token_seconds: float = 0.0  # closed spans only; `Ledger.totals_at` adds the open ones
     # Per augmentation type: where the memory-time goes (intercepts, preserved token-seconds of closed
     # spans, tokens recomputed, tokens swapped out, KV freed by the policy or under pressure).

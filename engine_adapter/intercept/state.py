@@ -148,3 +148,11 @@ class KvPort(Protocol):
 
     def slots_full(self) -> bool:
         """Every running slot is taken (running + paused holding a slot)."""
+
+    def kv_holding_waiting(self) -> list[str]:
+        """Waiting requests that hold device blocks and could be admitted now (sessions resumed in place,
+        finished swap-ins), in the order vLLM tries them."""
+
+    def evict_waiting(self, request_id: str) -> None:
+        """Free such a request's device blocks: it waits, at its arrival time's place, to be recomputed
+        (prefix-cache hits aside), as a request vLLM preempted."""

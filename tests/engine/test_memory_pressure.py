@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from engine_adapter.engine import InterceptEngine
 from engine_adapter.events import TurnEnd
 from tests.conftest import TINY_KV_BLOCKS, TINY_MAX_SEQS
-from tests.engine.helpers import fresh_output, wait_all_free
+from tests.engine.helpers import fresh_output, run_turn, wait_all_free
 
 N_SESSIONS = 8  # twice the running slots
 PROMPT_WORDS = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi"
@@ -91,3 +93,41 @@ async def test_paused_sessions_overflowing_the_cache(policy_engine: InterceptEng
     assert counts.free == counts.total, counts
     after = await engine.stats()
     assert after.paused == 0 and after.running == 0
+
+
+@pytest.mark.policies("preserve")  # it keeps every pause in place: all three come back holding their KV
+async def test_resumed_sessions_holding_the_cache_with_nothing_running_do_not_deadlock(policy_engine: InterceptEngine) -> None:
+    """Three sessions pause holding 21 of the 23 blocks, and their observations arrive together (the
+    scheduler is held while they do, so that all three are waiting, in place, when it builds the next
+    step). Each needs 3 more blocks; 2 are free; nothing runs. vLLM admits nothing past a head that does
+    not fit and preempts only running requests, so without the intercept core's eviction no step would
+    ever run again. The newest holder is recomputed instead, and every turn is what a fresh request over
+    the same context produces."""
+    engine = policy_engine
+    before = (await engine.stats()).totals
+    prompts = [engine.encode(f"Session {i}: " + " ".join([PROMPT_WORDS] * 16))[:200] for i in range(3)]
+    observation = engine.encode(" ".join([PROMPT_WORDS] * 8))[:100]
+    assert [len(p) for p in prompts] == [200] * 3 and len(observation) == 100
+    sessions = [engine.open_session(max_tokens=8) for _ in prompts]
+    firsts = await asyncio.wait_for(asyncio.gather(*(run_turn(s, p, 8) for s, p in zip(sessions, prompts))), timeout=120)
+    stats = await engine.stats()
+    assert stats.paused == 3 and stats.blocks.free == TINY_KV_BLOCKS - 1 - 3 * 7, stats.blocks
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)
+    try:
+        turns = [asyncio.ensure_future(run_turn(s, observation, 8)) for s in sessions]
+        for _ in range(200):  # until all three resumed (in place: no longer paused)
+            if (await engine.stats()).paused == 0:
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        await engine.llm.resume_generation()
+    seconds = await asyncio.wait_for(asyncio.gather(*turns), timeout=120)
+    totals = (await engine.stats()).totals
+    assert totals.waiting_evictions - before.waiting_evictions >= 1
+    for p, first, second in zip(prompts, firsts, seconds):
+        context = p + first.token_ids + observation
+        assert second.token_ids == await fresh_output(engine, context, len(second.token_ids))
+    for s in sessions:
+        await s.close()
+    counts = await wait_all_free(engine)
+    assert counts.free == counts.total, counts

@@ -35,6 +35,8 @@ class Pool:
         self.held: dict[str, list[int]] = {}
         self.slots_used = 0
         self.released: list[str] = []
+        self.ready: list[str] = []  # waiting requests holding blocks (resumed in place), in queue order
+        self.evicted: list[str] = []
 
     def alloc(self, rid: str, tokens: int) -> None:
         n = math.ceil(tokens / BLOCK)
@@ -58,6 +60,14 @@ class Pool:
 
     def slots_full(self) -> bool:
         return self.slots_used >= self.max_slots
+
+    def kv_holding_waiting(self) -> list[str]:
+        return [rid for rid in self.ready if rid in self.held]
+
+    def evict_waiting(self, request_id: str) -> None:
+        self.free_ids += self.held.pop(request_id)
+        self.ready.remove(request_id)
+        self.evicted.append(request_id)
 
     def counts(self, paused: set[str]) -> BlockCounts:
         preserved = sum(len(b) for r, b in self.held.items() if r in paused)
@@ -543,3 +553,68 @@ def test_new_requests_pass_a_blocked_resumed_head_for_a_bounded_number_of_steps(
     assert core.waiting_order(queue[1:], free_blocks=0, limits=lim) == []  # a new head is never passed
     plain = make("infercept", Pool(blocks=64))
     assert plain.waiting_order(queue, free_blocks=0, limits=lim) == []
+
+
+# ---------------------------------------------------------------- nothing runs, resumed requests hold the KV
+def test_with_nothing_running_the_newest_kv_holding_waiting_request_is_evicted_for_the_head() -> None:
+    """Three sessions resumed in place hold 18 of 20 blocks and nothing runs; the head needs 4 more blocks
+    for its new tokens. vLLM admits nothing past it and preempts only running requests: without the core,
+    no step would ever run. The newest holder's blocks go (it is recomputed later), and no more."""
+    pool = Pool(blocks=20)
+    core = make("preserve", pool)
+    for rid in ("a", "b", "c"):
+        pause(core, pool, rid, 6 * BLOCK, now=0.0)
+    for rid in ("a", "b", "c"):
+        assert core.resume(rid, 1.0, 99.0).kind is ResumeKind.KEEP
+    pool.ready = ["a", "b", "c"]
+    blocked = StepView(blocks_needed=4, head_waiting="a", head_blocks=4, running_requests=0)
+    step(core, pool, 1.01, blocked)
+    assert pool.evicted == ["c"] and pool.num_free_blocks() == 8
+    assert core.ledger.totals.waiting_evictions == 1
+    step(core, pool, 1.02, blocked)  # the head fits now: nothing more goes
+    assert pool.evicted == ["c"]
+
+
+def test_with_something_running_or_a_copy_under_way_nothing_is_evicted() -> None:
+    """A running request finishes or pauses and gives blocks back; a copy to the host does too."""
+    pool = Pool(blocks=20)
+    core = make("preserve", pool)
+    for rid in ("a", "b", "c"):
+        pause(core, pool, rid, 6 * BLOCK, now=0.0)
+        core.resume(rid, 1.0, 99.0)
+    pool.ready = ["a", "b", "c"]
+    step(core, pool, 1.01, StepView(blocks_needed=4, head_waiting="a", head_blocks=4, running_requests=1))
+    assert pool.evicted == [] and core.ledger.totals.waiting_evictions == 0
+
+    pool = Pool(blocks=20)
+    core = make("swap", pool, host_slots=32)
+    pool.alloc("a", 6 * BLOCK)
+    pool.alloc("b", 6 * BLOCK)
+    pause(core, pool, "c", 6 * BLOCK, now=0.0)  # its copy to the host starts
+    pool.ready = ["a", "b"]
+    step(core, pool, 0.01, StepView(blocks_needed=4, head_waiting="a", head_blocks=4, running_requests=0))
+    assert core.entries["c"].state is KvState.SWAPPING_OUT and pool.evicted == []
+
+
+def test_an_evicted_finished_swap_in_is_recomputed_and_its_host_copy_freed() -> None:
+    pool = Pool(blocks=20)
+    core = make("swap", pool, host_slots=32)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)
+    for t in (0.01, 0.02, 0.03):
+        step(core, pool, t)
+    assert core.entries["a"].state is KvState.SWAPPED
+    core.resume("a", 1.0, 99.0)
+    step(core, pool, 1.01)
+    pool.alloc("a", 6 * BLOCK)
+    core.load_allocated("a", pool.block_ids("a"), 6 * BLOCK)
+    for t in (1.02, 1.03):
+        step(core, pool, t)
+    assert core.entries["a"].state is KvState.LOADED
+    pool.alloc("b", 12 * BLOCK)  # a request resumed in place, ahead of it in the queue
+    pool.ready = ["b", "a"]
+    step(core, pool, 1.04, StepView(blocks_needed=4, head_waiting="b", head_blocks=4, running_requests=0))
+    e = core.entries["a"]
+    assert pool.evicted == ["a"] and e.state is KvState.RECOMPUTE_QUEUED and e.host is None
+    assert core.swap is not None and core.swap.slots.num_free == 32
+    core.scheduled([("a", 0)], 6 * BLOCK)
+    assert e.record.restored_by is RestoredBy.RECOMPUTE and e.record.tokens_recomputed == 6 * BLOCK

@@ -261,3 +261,19 @@ def test_a_request_that_can_never_run_is_reported_with_the_state_that_explains_i
     eng.submit(request("huge", 1000, [(2, None, 0)]))  # more blocks than the pool holds
     with pytest.raises(Stuck, match=r"waiting 1, .* free blocks 16/16, entries \{\}, head huge \(0/1000 tokens, 0 blocks\)"):
         eng.run()
+
+
+@pytest.mark.parametrize("policy", ["preserve", "swap"])
+def test_sessions_resumed_in_place_that_fill_the_cache_do_not_deadlock(tmp_path: Path, policy: str) -> None:
+    """Three sessions pause together holding 18 of 20 blocks and come back together (in place: their KV
+    is still there); each needs 3 more blocks for what the tool returned, 2 are free, and nothing runs.
+    vLLM would admit nothing and preempt nothing; the core evicts the newest holder, which is
+    recomputed, and every session finishes."""
+    eng = toy_bench(tmp_path, kv_tokens=20 * 16).engine(policy, check_every=1)
+    reqs = [request(rid, 90, [(2, 1.0, 40), (2, None, 0)], expected=0.0) for rid in ("a", "b", "c")]
+    for r in reqs:
+        eng.submit(r)
+    eng.run()
+    assert [r.output_tokens for r in reqs] == [4, 4, 4]
+    assert eng.core.ledger.totals.waiting_evictions >= 1
+    assert eng.sched.pool.num_free() == 20
