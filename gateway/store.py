@@ -86,6 +86,15 @@ class StoreError(RuntimeError):
     pass
 
 
+class Fenced(StoreError):
+    """A write by a replica that no longer owns the session: another replica took it over (this one's
+    lease lapsed: a pause, a partition). The write did not happen; this replica must stop serving it."""
+
+    def __init__(self, sid: str) -> None:
+        super().__init__(f"session {sid} is owned by another replica now: the write was refused")
+        self.sid = sid
+
+
 @dataclass
 class _Job:
     fn: Callable[[sqlite3.Connection], Any]

@@ -10,6 +10,15 @@ order they were made, so they commit in that order. Reads take a pooled connecti
 
 Replicas may open the same database at once: the schema is created under an advisory lock. The tables
 are prefixed (`infercept_`), so the database can be shared with other applications.
+
+Ownership (`join`): a replica that joins holds a lease, a row in `infercept_replicas` with a heartbeat
+(the database's clock, so that replicas' clocks need not agree) and an epoch, its fencing number, which
+grows at every join. Every session it creates or claims records it as owner (`owner`, `owner_epoch`), and
+from then on each of its writes to the session carries both: a write whose owner and epoch no longer
+match (another replica claimed the session after this one's lease lapsed) changes nothing and raises
+`Fenced`. A session can be claimed only when it has no owner, is already the claimant's, or its owner's
+lease has lapsed (no heartbeat for `lease_s`) or belongs to an earlier incarnation (another epoch). The
+database decides each claim in one statement, so two replicas never both win one.
 """
 
 from __future__ import annotations
@@ -23,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from gateway.store import SCHEMA_VERSION, StoredSession, StoreError, _dump, take_batch
+from gateway.store import SCHEMA_VERSION, Fenced, StoredSession, StoreError, _dump, take_batch
 
 log = logging.getLogger("infercept.store")
 
@@ -44,7 +53,21 @@ CREATE TABLE IF NOT EXISTS infercept_events (
     body TEXT NOT NULL
 );
 CREATE INDEX IF NOT EXISTS infercept_events_by_session ON infercept_events (session_id, seq);
+CREATE TABLE IF NOT EXISTS infercept_replicas (
+    id TEXT PRIMARY KEY,
+    url TEXT NOT NULL,
+    epoch BIGINT NOT NULL,
+    lease_s DOUBLE PRECISION NOT NULL,
+    heartbeat DOUBLE PRECISION NOT NULL
+);
+ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner TEXT;
+ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner_epoch BIGINT;
 """
+# The database's clock, in seconds: every lease is judged by one clock.
+_NOW = "extract(epoch from clock_timestamp())"
+# A session's owner still holds its lease (the replica row of that epoch has a fresh heartbeat).
+_OWNER_ALIVE = (f"EXISTS (SELECT 1 FROM infercept_replicas r WHERE r.id = s.owner AND r.epoch = s.owner_epoch "
+                f"AND r.heartbeat > {_NOW} - r.lease_s)")
 
 Conn = Any  # asyncpg.Connection (asyncpg ships no type hints)
 
@@ -60,6 +83,14 @@ def redact(url: str) -> str:
         return url
     netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True)
+class Owner:
+    replica_id: str
+    url: str  # where the replica serves (its advertised URL)
+    epoch: int
+    alive: bool  # its lease holds
 
 
 @dataclass
@@ -82,6 +113,9 @@ class PostgresStore:
         self.commits = 0  # transactions committed
         self.writes = 0  # writes they carried
         self._task = asyncio.get_running_loop().create_task(self._run(), name="session-store-pg")
+        # Set by `join`: this replica's id and fencing number; None: a single server, nothing fenced.
+        self.replica_id: str | None = None
+        self.epoch = 0
 
     @classmethod
     async def open(cls, url: str, *, pool_size: int = 4, connect_timeout_s: float = 10.0) -> PostgresStore:
@@ -115,27 +149,112 @@ class PostgresStore:
             raise
         return cls(url, pool, writer)
 
+    # ------------------------------------------------------------------ ownership
+    async def join(self, replica_id: str, url: str, lease_s: float) -> int:
+        """Take this replica's lease (a new incarnation: a new epoch, so that sessions of the last one
+        can be claimed again); returns the epoch, the fencing number every later write carries."""
+        if not replica_id or lease_s <= 0:
+            raise ValueError("a replica needs an id and a positive lease")
+        self._check_open()
+        async with self._pool.acquire() as db:
+            epoch = await db.fetchval(
+                f"INSERT INTO infercept_replicas (id, url, epoch, lease_s, heartbeat) VALUES ($1, $2, 1, $3, {_NOW}) "
+                f"ON CONFLICT (id) DO UPDATE SET url = excluded.url, epoch = infercept_replicas.epoch + 1, "
+                f"lease_s = excluded.lease_s, heartbeat = excluded.heartbeat RETURNING epoch", replica_id, url, float(lease_s))
+        self.replica_id, self.epoch = replica_id, int(epoch)
+        return self.epoch
+
+    async def heartbeat(self) -> bool:
+        """Renew the lease. False: this incarnation's row is gone or was replaced (the same id joined
+        again elsewhere)."""
+        self._check_open()
+        async with self._pool.acquire() as db:
+            status = await db.execute(f"UPDATE infercept_replicas SET heartbeat = {_NOW} WHERE id = $1 AND epoch = $2",
+                                      self.replica_id, self.epoch)
+        return not status.endswith(" 0")
+
+    async def leave(self) -> None:
+        """Give the lease up now (a clean shutdown): other replicas may claim its sessions at once."""
+        if self.replica_id is None:
+            return
+        self._check_open()
+        async with self._pool.acquire() as db:
+            await db.execute("UPDATE infercept_replicas SET heartbeat = 0 WHERE id = $1 AND epoch = $2",
+                             self.replica_id, self.epoch)
+
+    async def claim(self, sid: str) -> bool:
+        """Become the session's owner, if it has none, is this replica's already, or its owner's lease
+        lapsed. False: it is not stored, or a live replica owns it."""
+        self._require_joined()
+
+        async def fn(db: Conn) -> bool:
+            status = await db.execute(
+                f"UPDATE infercept_sessions s SET owner = $2, owner_epoch = $3 WHERE s.id = $1 AND (s.owner IS NULL "
+                f"OR (s.owner = $2 AND s.owner_epoch = $3) OR NOT {_OWNER_ALIVE})", sid, self.replica_id, self.epoch)
+            return not status.endswith(" 0")
+
+        return bool(await self._submit(fn))
+
+    async def owner(self, sid: str) -> Owner | None:
+        """Who owns a stored session (None: not stored, or no owner)."""
+        self._check_open()
+        async with self._pool.acquire() as db:
+            row = await db.fetchrow(
+                f"SELECT s.owner, s.owner_epoch, r.url, {_OWNER_ALIVE} AS alive FROM infercept_sessions s "
+                f"LEFT JOIN infercept_replicas r ON r.id = s.owner WHERE s.id = $1", sid)
+        if row is None or row["owner"] is None:
+            return None
+        return Owner(row["owner"], row["url"] or "", int(row["owner_epoch"]), bool(row["alive"]))
+
+    async def owned(self) -> list[str]:
+        """Sessions this replica id owned in any incarnation (the ones to read back at a start), oldest
+        first."""
+        self._require_joined()
+        async with self._pool.acquire() as db:
+            rows = await db.fetch("SELECT id FROM infercept_sessions WHERE owner = $1 ORDER BY created", self.replica_id)
+        return [r["id"] for r in rows]
+
+    def _require_joined(self) -> None:
+        if self.replica_id is None:
+            raise StoreError("this store has not joined as a replica (join first)")
+
+    def _fence(self, first: int) -> tuple[str, tuple[Any, ...]]:
+        """The condition a joined replica's write carries (parameters from `$first`), or none."""
+        if self.replica_id is None:
+            return "", ()
+        return f" AND owner = ${first} AND owner_epoch = ${first + 1}", (self.replica_id, self.epoch)
+
     # ------------------------------------------------------------------ the interface
     async def put(self, sid: str, token_hash: str, head: Mapping[str, Any]) -> None:
         body = _dump(head)
+        owner = (self.replica_id, self.epoch if self.replica_id is not None else None)
+        fence, args = self._fence(7)
 
         async def fn(db: Conn) -> None:
-            await db.execute(
-                "INSERT INTO infercept_sessions (id, token_hash, head, updated) VALUES ($1, $2, $3, $4) "
-                "ON CONFLICT (id) DO UPDATE SET token_hash = excluded.token_hash, head = excluded.head, "
-                "updated = excluded.updated", sid, token_hash, body, time.time())
+            # A new session is this replica's; an existing one is replaced only by its owner.
+            status = await db.execute(
+                "INSERT INTO infercept_sessions AS s (id, token_hash, head, updated, owner, owner_epoch) "
+                "VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO UPDATE SET token_hash = excluded.token_hash, "
+                "head = excluded.head, updated = excluded.updated WHERE TRUE" + fence.replace("owner", "s.owner"),
+                sid, token_hash, body, time.time(), *owner, *args)
+            if status.endswith(" 0"):
+                raise Fenced(sid)
 
         await self._submit(fn)
 
     async def append_event(self, sid: str, events: Sequence[Mapping[str, Any]], head: Mapping[str, Any] | None = None) -> None:
         rows = [(sid, _dump(e)) for e in events]
         body = _dump(head) if head is not None else None
+        fence, args = self._fence(4)
 
         async def fn(db: Conn) -> None:
-            if body is not None:
-                status = await db.execute("UPDATE infercept_sessions SET head = $1, updated = $2 WHERE id = $3",
-                                          body, time.time(), sid)
+            if body is not None or fence:
+                # The owner's check and the head's update in one statement (the head kept if none is given).
+                status = await db.execute("UPDATE infercept_sessions SET head = COALESCE($1, head), updated = $2 "
+                                          "WHERE id = $3" + fence, body, time.time(), sid, *args)
                 if status.endswith(" 0"):
+                    if fence and await db.fetchval("SELECT 1 FROM infercept_sessions WHERE id = $1", sid):
+                        raise Fenced(sid)
                     return  # deleted meanwhile: nothing to append to
             if rows:
                 await db.executemany("INSERT INTO infercept_events (session_id, body) VALUES ($1, $2)", rows)
@@ -157,9 +276,13 @@ class PostgresStore:
             return [r["id"] for r in await db.fetch("SELECT id FROM infercept_sessions ORDER BY created")]
 
     async def delete(self, sid: str) -> None:
+        fence, args = self._fence(2)
+
         async def fn(db: Conn) -> None:
+            status = await db.execute("DELETE FROM infercept_sessions WHERE id = $1" + fence, sid, *args)
+            if status.endswith(" 0") and fence and await db.fetchval("SELECT 1 FROM infercept_sessions WHERE id = $1", sid):
+                raise Fenced(sid)
             await db.execute("DELETE FROM infercept_events WHERE session_id = $1", sid)
-            await db.execute("DELETE FROM infercept_sessions WHERE id = $1", sid)
 
         await self._submit(fn)
 
@@ -236,9 +359,9 @@ class PostgresStore:
             if job.future.done():
                 continue
             if err is not None:
-                job.future.set_exception(StoreError(str(err)))
+                job.future.set_exception(err if isinstance(err, StoreError) else StoreError(str(err)))
             else:
                 job.future.set_result(value)
 
 
-__all__ = ["PostgresStore", "is_postgres_url", "redact"]
+__all__ = ["Owner", "PostgresStore", "is_postgres_url", "redact"]
