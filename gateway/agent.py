@@ -24,7 +24,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -39,7 +39,7 @@ from gateway.prompts import ToolSpec
 from gateway.react import MessageRun
 from gateway.records import CallRecord, Intercept
 from gateway.schemas import ErrorEvent, EventData, SessionInfo, TranscriptEntry
-from gateway.store import SessionStore, StoreError
+from gateway.store import Fenced, SessionStore, StoreError
 
 log = logging.getLogger("infercept.gateway")
 
@@ -84,6 +84,7 @@ class AgentSession:
         self.channel = EventChannel()
         self.last_end_reason: str | None = None  # how the last model turn ended (stop, length, tool_call)
         self.announce_restore = False  # the next turn reports how its context came back after a restart
+        self.on_fenced: Callable[[str], object] | None = None  # the table forgets a session taken over elsewhere
         self.pending: Pending | None = None
         self._task: asyncio.Task[None] | None = None
         self.partial: list[str] = []  # what the model wrote since the last transcript entry
@@ -244,6 +245,20 @@ class AgentSession:
             if end is not None:
                 await end(self.id)
 
+    async def leave_fenced(self) -> None:
+        """Another replica owns the session now (this one's lease lapsed and it was taken over): stop
+        serving it here, without a write (the store would refuse it) and without ending it (the new owner
+        serves it from the store)."""
+        if self.state == "closed":
+            return
+        self.state = "closed"
+        await self._cancel_loop()
+        self.channel.reset()
+        await self.es.close()
+        self.ctx.metrics.sessions_fenced.inc()
+        if self.on_fenced is not None:
+            self.on_fenced(self.id)
+
     async def detach(self, kind: str, message: str) -> None:
         """Stop serving the session from this object without ending it (shutdown, engine death): a turn in
         progress is marked interrupted, everything is committed, and a reader gets an `error` event. The
@@ -380,6 +395,10 @@ class AgentSession:
                     # Set before handing the terminal batch over: a reader may stop right after it.
                     finished = bool(batch) and batch[-1][0] in TERMINAL
                     yield batch
+            except Fenced as e:
+                finished = True
+                await self.leave_fenced()
+                yield moved(self.id, e)
             except StoreError as e:
                 finished = True
                 await self._abort("store_unavailable")
@@ -415,6 +434,15 @@ class AgentSession:
         first, after_eos = self.last_end_reason is None and not self.es.history, self.last_end_reason == "stop"
         return self.ctx.engine.encode(self.ctx.prompts.message(content, first=first, system=self.system,
                                                                tools=self.tool_specs(), after_eos=after_eos))
+
+
+def moved(sid: str, e: Fenced) -> list[Event]:
+    """The batch a reader gets when another replica took the session over meanwhile: nothing of the turn
+    since the last commit counts; resending reaches the new owner."""
+    log.warning("session %s: %s; no longer served here", sid, e)
+    error = ErrorEvent(type="session_moved", message="another replica took this session over; resend the message "
+                       "(it reaches the new owner)")
+    return [(error.name, error.model_dump(mode="json"))]
 
 
 def store_failed(sid: str, e: StoreError) -> list[Event]:

@@ -24,6 +24,7 @@ from aiohttp import web
 from gateway.api import Api, openapi, set_integer_maximum, set_string_enum
 from gateway.gateway import GATEWAY_KEY, Gateway, gw_of
 from gateway.middlewares import auth_middleware, errors_middleware
+from gateway.replicas import forwarding_middleware
 from gateway.routes_admin import api as admin_api
 from gateway.routes_openai import api as openai_api
 from gateway.routes_sessions import api as session_api
@@ -42,7 +43,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     app[OPENAPI_KEY] = _document(gw, serves_index=(STATIC / "index.html").is_file())
     tasks = [asyncio.create_task(gw.start_engine(), name="engine-start"),
              asyncio.create_task(gw.expire_loop(), name="session-expiry"),
-             asyncio.create_task(gw.watch_engine(), name="engine-watchdog")]
+             asyncio.create_task(gw.watch_engine(), name="engine-watchdog"),
+             asyncio.create_task(gw.lease_loop(), name="replica-lease")]
     try:
         yield
     finally:
@@ -83,7 +85,8 @@ async def _index(request: web.Request) -> web.FileResponse:
 
 
 def create_app(gateway: Gateway) -> web.Application:
-    app = web.Application(middlewares=[errors_middleware, auth_middleware(gateway.config.server.api_key)],
+    app = web.Application(middlewares=[errors_middleware, auth_middleware(gateway.config.server.api_key),
+                                       forwarding_middleware(gateway)],
                           client_max_size=4 * 2**20)
     app[GATEWAY_KEY] = gateway
     for api in APIS:

@@ -46,6 +46,12 @@ class ServerConfig:
     # ("postgresql://user@host:5432/db"; the password from PGPASSWORD or ~/.pgpass rather than the file),
     # a database several replicas share (gateway/store_pg.py). The state folder still holds the lock.
     store: str | None = None
+    # One of several replicas sharing `store` (PostgreSQL): its id (stable across its restarts), the URL
+    # other replicas forward its sessions' requests to (default http://host:port), and its lease: a
+    # replica silent for `lease_s` loses its sessions to the first replica that gets a request for one.
+    replica_id: str | None = None
+    advertise_url: str | None = None
+    lease_s: float = 10.0
     drain_s: float = 30.0  # on SIGTERM: how long running turns may finish before the server stops
     max_queued_turns: int = 1024  # turns in progress at once (generating or in a server tool); 503 beyond
     sse_ping_s: float = 15.0  # an SSE comment this often while a stream is quiet (proxies keep it open)
@@ -77,6 +83,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
     "model_name": (str, type(None)), "state_path": (str, type(None)), "store": (str, type(None)), "drain_s": (int, float),
     "max_queued_turns": (int,), "sse_ping_s": (int, float), "backlog": (int,), "restart_engine": (bool,),
+    "replica_id": (str, type(None)), "advertise_url": (str, type(None)), "lease_s": (int, float),
 }
 
 
@@ -98,6 +105,10 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
     if data.get("store") is not None and not is_postgres_url(data["store"]):
         raise ValueError(f"server.store: expected a postgresql:// URL, got {redact(data['store'])!r} "
                          "(leave it unset for SQLite at server.state_path)")
+    if data.get("replica_id") is not None and data.get("store") is None:
+        raise ValueError("server.replica_id: replicas share a PostgreSQL store; set server.store to its URL")
+    if data.get("advertise_url") is not None and data.get("replica_id") is None:
+        raise ValueError("server.advertise_url: only a replica (server.replica_id) advertises a URL")
     return ServerConfig(**data)
 
 

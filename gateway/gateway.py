@@ -40,6 +40,7 @@ from gateway.context import AgentContext
 from gateway.http import ApiError
 from gateway.metrics import GatewayMetrics
 from gateway.procs import StateLock, reap_orphans, record_engine
+from gateway.replicas import Forwarder
 from gateway.prompts import PromptBuilder
 from gateway.schemas import Health, HealthStatus
 from gateway.session_table import EPHEMERAL_PREFIX, SessionTable
@@ -75,6 +76,7 @@ class Gateway:
         self._lock: StateLock | None = None
         self._artifacts: ArtifactStore | None = None
         self._table: SessionTable | None = None
+        self.forwarder = Forwarder()  # a replica's requests for sessions other replicas own
         self.ctx: AgentContext | None = None  # once the engine is ready
         self.ready = asyncio.Event()
         self.start_error: BaseException | None = None
@@ -108,6 +110,10 @@ class Gateway:
         return self._table
 
     @property
+    def table_if_open(self) -> SessionTable | None:
+        return self._table
+
+    @property
     def sessions(self) -> dict[str, AgentSession]:
         return self.table.live
 
@@ -127,6 +133,13 @@ class Gateway:
             self._artifacts = ArtifactStore(self.config.server.artifact_store_mb * 2**20,
                                             self.state_dir / "artifacts" if self.state_dir is not None else None)
             self._table = SessionTable(self._store, on_removed=self._artifacts.drop_session)
+            server = self.config.server
+            if server.replica_id is not None:
+                assert isinstance(self._store, PostgresStore)  # server_config refuses a replica without one
+                url = server.advertise_url or f"http://{server.host}:{server.port}"
+                epoch = await self._store.join(server.replica_id, url, server.lease_s)
+                log.info("replica %s joined the shared store at %s as epoch %d (lease %.1f s, advertised at %s)",
+                         server.replica_id, self._store.path, epoch, server.lease_s, url)
         except BaseException:
             await self._release()
             raise
@@ -236,8 +249,15 @@ class Gateway:
             if self._table is not None:
                 await self._table.detach_all("shutting_down", "the server is shutting down; the session is kept: "
                                              "resend the message when it is back")
+                replica = self._table.replica
+                if replica is not None:  # its sessions may be taken over at once, not a lease later
+                    try:
+                        await replica.leave()
+                    except Exception:
+                        log.exception("giving the replica's lease up failed; it lapses by itself")
             await self.engine.shutdown()
         finally:
+            await self.forwarder.close()
             await self._release()
 
     async def expire_loop(self) -> None:
@@ -332,12 +352,32 @@ class Gateway:
     async def close_session(self, sid: str) -> None:
         await self.table.close(sid)
 
-    def session(self, sid: str, token: str) -> AgentSession:
+    async def session(self, sid: str, token: str) -> AgentSession:
         """The session, if `token` is its token. While the engine (re)starts the stored sessions are not
-        read back yet: 503, not 404."""
+        read back yet: 503, not 404. A replica takes over a stored session it does not serve whose owner's
+        lease lapsed (requests for one a live replica owns are forwarded before they get here)."""
         if not self.ready.is_set() or self.engine.dead:
             self.require_ready()
-        return self.table.get(sid, token)
+        if sid in self.table.live or self.table.replica is None:
+            return self.table.get(sid, token)
+        return await self.table.take_over(self.require_ready(), sid, token)
+
+    async def lease_loop(self) -> None:
+        """A replica renews its lease every third of it; a failed renewal is retried at the next round (the
+        lease lapses only after a whole `lease_s` without one)."""
+        replica = self.table.replica
+        if replica is None:
+            return
+        while True:
+            await asyncio.sleep(self.config.server.lease_s / 3)
+            try:
+                if not await replica.heartbeat():
+                    log.error("replica %s: another process joined with this id; this one's writes are fenced",
+                              replica.replica_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("replica %s: renewing the lease failed; retrying", replica.replica_id)
 
     def session_states(self) -> list[str]:
         return self.table.states()

@@ -36,6 +36,12 @@ class GatewayMetrics:
                                              "(generation stopped there; only tools write observations)", registry=r)
         self.disconnects = Counter("infercept_client_disconnects", "Streams abandoned by their client (generation aborted)", registry=r)
         self.sessions_expired = Counter("infercept_sessions_expired", "Sessions closed for idleness", registry=r)
+        self.sessions_taken_over = Counter("infercept_sessions_taken_over", "Sessions this replica took over from a "
+                                           "replica whose lease lapsed", registry=r)
+        self.sessions_fenced = Counter("infercept_sessions_fenced", "Sessions this replica stopped serving because "
+                                       "another replica took them over (a write was fenced)", registry=r)
+        self.requests_forwarded = Counter("infercept_requests_forwarded", "Requests forwarded to the replica that owns "
+                                          "their session", registry=r)
         self.sessions = Gauge("infercept_sessions", "Open sessions by state", ["state"], registry=r)
         self.kv_blocks = Gauge("infercept_kv_blocks", "KV blocks by state", ["state"], registry=r)
         self.rank_kv_blocks = Gauge("infercept_rank_kv_blocks", "KV blocks by data-parallel rank and state", ["rank", "state"], registry=r)

@@ -29,13 +29,14 @@ from gateway.schemas import (
 from gateway.validation import parse
 
 api = Api("sessions")
+SESSION_HEADER = "X-Infercept-Session"
 routes = api.routes
 SESSION_ERRORS = (400, 403, 404, 503)  # 400: aiohttp refuses a malformed header itself
 TURN_ERRORS = (*SESSION_ERRORS, 409, 410, 413, 500)
 
 
-def session_of(request: web.Request) -> AgentSession:
-    return gw_of(request).session(request.match_info["sid"], request.headers.get("X-Session-Token", ""))
+async def session_of(request: web.Request) -> AgentSession:
+    return await gw_of(request).session(request.match_info["sid"], request.headers.get("X-Session-Token", ""))
 
 
 def client_tools_of(items: list[str | ClientTool], server_tools: list[str]) -> dict[str, dict[str, Any]]:
@@ -115,8 +116,10 @@ async def create_session(request: web.Request) -> web.Response:
                               max_tokens=body.max_tokens or gw.config.server.max_tokens,
                               temperature=body.temperature, seed=body.seed, ignore_eos=body.ignore_eos)
     assert s.token is not None  # a new session's token, shown this once
-    return json_body(SessionCreated(id=s.id, token=s.token, tools=s.tools, client_tools=list(s.client_tools),
+    resp = json_body(SessionCreated(id=s.id, token=s.token, tools=s.tools, client_tools=list(s.client_tools),
                                     state=s.public_state()), status=201)
+    resp.headers[SESSION_HEADER] = s.id  # a balancer learns the session's replica from it (gateway/balancer.py)
+    return resp
 
 
 @api.route("GET", "/v1/sessions", "Count the open sessions by state", ok={200: SessionCounts})
@@ -130,7 +133,7 @@ async def list_sessions(request: web.Request) -> web.Response:
            errors=SESSION_ERRORS, session=True)
 async def get_session(request: web.Request) -> web.Response:
     gw = gw_of(request)
-    s = session_of(request)
+    s = await session_of(request)
     s.touch()
     # The engine's records are the authority on what became of each pause (a policy may have
     # swapped or freed a paused context since it paused).
@@ -145,7 +148,7 @@ async def get_session(request: web.Request) -> web.Response:
 
 @api.route("DELETE", "/v1/sessions/{sid}", "End a session and free its KV", ok={204: None}, errors=SESSION_ERRORS, session=True)
 async def delete_session(request: web.Request) -> web.Response:
-    s = session_of(request)
+    s = await session_of(request)
     await gw_of(request).close_session(s.id)
     return web.Response(status=204)
 
@@ -156,7 +159,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     """A new question, or the answer to a pending AskHuman. Streams token, tool_call, intercept,
     tool_result, resume, ... then done or error (`stream: false`: one JSON body with every event)."""
     gw = gw_of(request)
-    s = session_of(request)
+    s = await session_of(request)
     body = await parse(request, PostMessage)
     content = message_content(gw, body.content)
     if not content.strip():
@@ -170,7 +173,7 @@ async def post_message(request: web.Request) -> web.StreamResponse:
            ok={200: MessageResult}, errors=TURN_ERRORS, session=True, events=EVENTS)
 async def post_tool_result(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)
-    s = session_of(request)
+    s = await session_of(request)
     body = await parse(request, PostToolResult)
     content = message_content(gw, body.content)
     gw.admit_turn()

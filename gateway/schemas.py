@@ -248,7 +248,7 @@ class DoneEvent(EventData):
 class ErrorEvent(EventData):
     name = "error"
     type: str = Field(description="context_too_long | engine_error | engine_died | internal_error | session_closed | "
-                                  "shutting_down | client_disconnected | store_unavailable")
+                                  "shutting_down | client_disconnected | store_unavailable | session_moved")
     message: str
     tokens: int | None = Field(None, description="context_too_long: the context's tokens")
     limit: int | None = Field(None, description="context_too_long: the model's context length")

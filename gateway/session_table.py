@@ -23,7 +23,8 @@ from gateway.agent import AgentSession
 from gateway.context import AgentContext
 from gateway.durable import check_format, fold, token_matches
 from gateway.http import ApiError
-from gateway.store import SessionStore, StoreError
+from gateway.store import Fenced, SessionStore, StoreError
+from gateway.store_pg import PostgresStore
 
 log = logging.getLogger("infercept.gateway")
 RETRY_STORE_S = 2  # a failing store (a full disk, a locked file) may recover within seconds
@@ -37,6 +38,13 @@ class SessionTable:
         self.on_removed = on_removed  # called with the id of each session removed for good (its artifacts go)
         self.skipped = 0  # stored sessions the last restore_all could not read back
         self._background: set[asyncio.Future[None]] = set()
+        self._taking: dict[str, asyncio.Lock] = {}  # sessions being taken over (one restore each)
+
+    @property
+    def replica(self) -> PostgresStore | None:
+        """The shared store this server joined as a replica (None: it owns every stored session)."""
+        st = self.store
+        return st if isinstance(st, PostgresStore) and st.replica_id is not None else None
 
     def __len__(self) -> int:
         return len(self.live)
@@ -63,6 +71,7 @@ class SessionTable:
         s = AgentSession(ctx, es, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
                          store=None if ephemeral else self.store)
         self.live[sid] = s
+        s.on_fenced = self._forget
         if not ephemeral:
             # In the store before the client learns the id: a crash after this answer loses nothing.
             put = asyncio.ensure_future(self.store.put(sid, s.token_hash, s.head()))
@@ -102,6 +111,42 @@ class SessionTable:
         if not token_matches(token, s.token_hash):
             raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
         return s
+
+    def _forget(self, sid: str) -> None:
+        """A session another replica took over: no longer served here; its row is the new owner's."""
+        self.live.pop(sid, None)
+
+    async def take_over(self, ctx: AgentContext, sid: str, token: str) -> AgentSession:
+        """A request for a stored session this replica does not serve, whose owner's lease lapsed (or that
+        has none): claim it and read it back (its next turn rebuilds the KV: `restored_by: recompute`).
+        A live owner keeps it: 503 with Retry-After (the balancer or the forwarding reaches it)."""
+        replica = self.replica
+        if replica is None:
+            return self.get(sid, token)
+        lock = self._taking.setdefault(sid, asyncio.Lock())
+        try:
+            async with lock:
+                if sid in self.live:
+                    return self.get(sid, token)
+                try:
+                    stored = await replica.get(sid)
+                    if stored is None:
+                        raise ApiError(404, "not_found", f"no session {sid!r}")
+                    if not token_matches(token, stored.token_hash):
+                        raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
+                    if not await replica.claim(sid):
+                        raise ApiError(503, "session_elsewhere", f"session {sid} is served by another replica; retry",
+                                       retry_after=RETRY_STORE_S)
+                    if not await self._restore_one(ctx, sid):
+                        raise ApiError(404, "not_found", f"session {sid!r} cannot be served by this replica's model")
+                except StoreError as e:
+                    raise store_unavailable(e) from e
+                ctx.metrics.sessions_taken_over.inc()
+                log.info("session %s taken over by replica %s (epoch %d)", sid, replica.replica_id, replica.epoch)
+                return self.get(sid, token)
+        finally:
+            if not lock.locked():
+                self._taking.pop(sid, None)
 
     async def close(self, sid: str) -> None:
         """End a session and remove it from the store (and its artifacts). The removal happens whatever
@@ -146,8 +191,11 @@ class SessionTable:
         for s in list(self.live.values()):
             if s.id.startswith(EPHEMERAL_PREFIX):
                 await s.close()
-            else:
+                continue
+            try:
                 await s.detach(kind, message)
+            except Fenced:  # another replica owns it now: nothing of it is this replica's to write
+                log.warning("session %s was taken over by another replica: detached without a write", s.id)
         self.live.clear()
 
     async def restore_all(self, ctx: AgentContext) -> int:
@@ -155,10 +203,15 @@ class SessionTable:
         session that cannot be read back (a malformed row) is logged, left stored and skipped
         (`self.skipped`): one bad row must not keep the server from serving the others."""
         restored, self.skipped = 0, 0
-        for sid in await self.store.list():
+        replica = self.replica
+        # A replica reads back the sessions it owned (in any earlier incarnation); the others' are theirs,
+        # or are taken over one by one when a request for one arrives (`take_over`).
+        for sid in await (replica.owned() if replica is not None else self.store.list()):
             if sid in self.live:
                 continue
             try:
+                if replica is not None and not await replica.claim(sid):
+                    continue  # taken over by another replica while this one was away
                 restored += await self._restore_one(ctx, sid)
             except StoreError:
                 raise  # the store itself is failing: not one row's fault
@@ -191,6 +244,7 @@ class SessionTable:
             await es.close()  # the engine session opened for it is not left behind
             raise
         self.live[sid] = s
+        s.on_fenced = self._forget
         with contextlib.suppress(Exception):
             await s.commit()  # the interrupted marks, if any
         return 1
