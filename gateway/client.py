@@ -22,9 +22,10 @@ import httpx
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, kind: str, message: str, body: Any = None) -> None:
+    def __init__(self, status: int, kind: str, message: str, body: Any = None, retry_after: float | None = None) -> None:
         super().__init__(f"{status} {kind}: {message}")
         self.status, self.kind, self.message, self.body = status, kind, message, body
+        self.retry_after = retry_after  # seconds, from the Retry-After header (503, 429)
 
 
 @dataclass(frozen=True)
@@ -52,11 +53,15 @@ def _raise_for(resp: httpx.Response) -> None:
     if resp.status_code < 400:
         return
     try:
+        retry_after: float | None = float(resp.headers["Retry-After"])
+    except (KeyError, ValueError):
+        retry_after = None
+    try:
         body = resp.json()
         err = body.get("error", {})
-        raise ApiError(resp.status_code, err.get("type", "error"), err.get("message", resp.text), body)
+        raise ApiError(resp.status_code, err.get("type", "error"), err.get("message", resp.text), body, retry_after)
     except ValueError:
-        raise ApiError(resp.status_code, "http_error", resp.text) from None
+        raise ApiError(resp.status_code, "http_error", resp.text, retry_after=retry_after) from None
 
 
 def _message_body(content: str, tool_choice: Any, step_format: str | None) -> dict[str, Any]:

@@ -40,6 +40,12 @@ def _cmd_model_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    from infercept.cluster import run
+
+    return run(args)
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     from infercept.serve import serve
 
@@ -98,6 +104,16 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--state-path", help="the session store (SQLite file; ':memory:' keeps nothing across restarts)")
     serve.add_argument("--once", action="store_true", help="exit after the readiness check")
     serve.set_defaults(func=_cmd_serve)
+
+    cluster = sub.add_parser("cluster", help="several replicas behind HAProxy over one PostgreSQL store, on this machine")
+    cluster.add_argument("--config", help=CONFIG_HELP + "; every replica's")
+    cluster.add_argument("--replicas", type=int, default=2)
+    cluster.add_argument("--port", type=int, default=8000, help="the balancer's; replicas take the next ports")
+    cluster.add_argument("--store", help="a postgresql:// URL (default: a local PostgreSQL under --dir)")
+    cluster.add_argument("--dir", help="state of the replicas and the local PostgreSQL (default $INFERCEPT_HOME/cluster)")
+    cluster.add_argument("--lease-s", type=float, help="the replicas' lease (server.lease_s)")
+    cluster.add_argument("--once", action="store_true", help="exit once every part answered")
+    cluster.set_defaults(func=_cmd_cluster)
 
     prof = sub.add_parser("profile", help="measure T_fwd, S, M and swap bandwidth; write a JSON profile")
     prof.add_argument("--model", default="default")

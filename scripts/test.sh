@@ -41,6 +41,10 @@ else
     if ! command -v chromium >/dev/null 2>&1; then
         apt_install chromium "the browser test"
     fi
+    # Replicas behind a real balancer (tests/gateway/test_balancer.py).
+    if ! command -v haproxy >/dev/null 2>&1 && [ ! -x /usr/sbin/haproxy ]; then
+        apt_install haproxy "the balancer test"
+    fi
     .venv/bin/infercept model prepare --name default
 fi
 set +e
