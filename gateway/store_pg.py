@@ -63,6 +63,18 @@ CREATE TABLE IF NOT EXISTS infercept_replicas (
 ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner TEXT;
 ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner_epoch BIGINT;
 """
+# The tables' shape within one schema version (2: replicas and session owners, added to version 1's
+# tables without changing what version 1 servers read).
+_REVISION = "2"
+
+
+async def _revision(db: Any) -> str | None:
+    """The tables' revision, None when they do not exist yet."""
+    if not await db.fetchval("SELECT to_regclass('infercept_meta') IS NOT NULL"):
+        return None
+    return await db.fetchval("SELECT value FROM infercept_meta WHERE key = 'schema_revision'")
+
+
 # The database's clock, in seconds: every lease is judged by one clock.
 _NOW = "extract(epoch from clock_timestamp())"
 # A session's owner still holds its lease (the replica row of that epoch has a fresh heartbeat).
@@ -130,10 +142,16 @@ class PostgresStore:
             pool = await asyncpg.create_pool(url, min_size=1, max_size=pool_size, timeout=connect_timeout_s)
             writer = await asyncpg.connect(url, timeout=connect_timeout_s)
             async with writer.transaction():
-                await writer.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
-                await writer.execute(_SCHEMA)
-                await writer.execute("INSERT INTO infercept_meta (key, value) VALUES ('schema_version', $1) "
-                                     "ON CONFLICT (key) DO NOTHING", str(SCHEMA_VERSION))
+                # DDL only when the tables are missing or older than this code: an ALTER TABLE takes an
+                # exclusive lock on its table even when it changes nothing, and deadlocked with another
+                # replica's writes when a replica restarted under load.
+                if await _revision(writer) != _REVISION:
+                    await writer.execute("SELECT pg_advisory_xact_lock($1)", _SCHEMA_LOCK)
+                    await writer.execute(_SCHEMA)
+                    await writer.execute("INSERT INTO infercept_meta (key, value) VALUES ('schema_version', $1) "
+                                         "ON CONFLICT (key) DO NOTHING", str(SCHEMA_VERSION))
+                    await writer.execute("INSERT INTO infercept_meta (key, value) VALUES ('schema_revision', $1) "
+                                         "ON CONFLICT (key) DO UPDATE SET value = excluded.value", _REVISION)
                 version = await writer.fetchval("SELECT value FROM infercept_meta WHERE key = 'schema_version'")
             if int(version) != SCHEMA_VERSION:
                 raise StoreError(f"schema version {version}, this server reads {SCHEMA_VERSION}")

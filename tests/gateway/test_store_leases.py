@@ -173,3 +173,23 @@ def test_replica_settings_need_a_shared_store_and_a_positive_lease() -> None:
         server_config({"store": url, "advertise_url": "http://x"})
     with pytest.raises(ValueError, match="server.lease_s must be positive"):
         server_config({"store": url, "replica_id": "r1", "lease_s": 0})
+
+
+async def test_opening_a_store_on_existing_tables_takes_no_table_lock(db_url: str) -> None:  # noqa: F811
+    """A replica (re)starting while another writes: opening must not wait for, or deadlock with, the
+    other's transactions (an ALTER TABLE would take an exclusive lock even when it changes nothing)."""
+    import asyncpg
+
+    first = await PostgresStore.open(db_url)
+    holder = await asyncpg.connect(db_url)
+    try:
+        await first.put("s", "h", {})
+        tx = holder.transaction()
+        await tx.start()
+        await holder.execute("UPDATE infercept_sessions SET updated = 0 WHERE id = 's'")  # a writer mid-transaction
+        second = await asyncio.wait_for(PostgresStore.open(db_url), 10)
+        await second.close()
+        await tx.rollback()
+    finally:
+        await holder.close()
+        await first.close()
