@@ -177,7 +177,9 @@ def generate(
     if workload not in WORKLOADS:
         raise ValueError(f"unknown workload {workload!r}; choose from {', '.join(WORKLOADS)}")
     table = table or load_table1()
-    rng = random.Random(f"{workload}:{rate}:{duration_s}:{seed}")
+    # Rate and duration as floats: 2 and 2.0 are the same rate, so they must seed the same requests (the
+    # CLI parses floats; a caller passing ints got other samples, and a sweep another ranking).
+    rng = random.Random(f"{workload}:{float(rate)}:{float(duration_s)}:{seed}")
     types = WORKLOADS[workload]
     out: list[Request] = []
     t = 0.0

@@ -34,6 +34,8 @@ def test_same_seed_same_requests_and_rate() -> None:
     assert {r.aug_type for r in generate("qa", 5, 20, 0)} == {"qa"}
     with pytest.raises(ValueError, match="unknown workload"):
         generate("poetry", 1, 1, 0)
+    # A rate or a duration given as an int is the same rate as the float: the same requests.
+    assert [r.summary() for r in generate("mixed", 5, 200, seed=1)] == [r.summary() for r in generate("mixed", 5.0, 200.0, seed=1)]
 
 
 def test_distributions_match_table1_means() -> None:
