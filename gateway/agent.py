@@ -83,7 +83,10 @@ class AgentSession:
         self.journal = Journal(store, self.id, committed_context=engine_session.context_len)
         self.channel = EventChannel()
         self.last_end_reason: str | None = None  # how the last model turn ended (stop, length, tool_call)
-        self.announce_restore = False  # the next turn reports how its context came back after a restart
+        # The next turn reports how its context came back: "restart", "hibernation" or "takeover" (None: it
+        # did not leave the engine).
+        self.announce_restore: str | None = None
+        self.hibernated = False  # committed as having left memory (`hibernate`); read back from the store
         self.on_fenced: Callable[[str], object] | None = None  # the table forgets a session taken over elsewhere
         self.pending: Pending | None = None
         self._task: asyncio.Task[None] | None = None
@@ -91,7 +94,7 @@ class AgentSession:
 
     @classmethod
     def restored(cls, ctx: AgentContext, es: Session, folded: Folded, token_hash: str,
-                 store: SessionStore | None) -> AgentSession:
+                 store: SessionStore | None, after: str = "restart") -> AgentSession:
         """A session read back from the store (`gateway.durable.fold`), on a fresh engine session over its
         stored context. A turn that was in progress (generating, or in a server tool) is marked
         interrupted; a call it waited on (a human's answer, a client's result) is still pending and
@@ -106,7 +109,7 @@ class AgentSession:
         s.calls = [CallRecord.model_validate(c) for c in folded.calls]
         s.usage = dict(head["usage"])
         s.last_end_reason = head.get("last_end_reason")
-        s.announce_restore = bool(folded.context)
+        s.announce_restore = ("hibernation" if head.get("hibernated") and after == "restart" else after) if folded.context else None
         s.partial = [folded.unreported_text] if folded.unreported_text else []
         pending_id = head.get("pending_call_id")
         call = next((c for c in s.calls if c.call_id == pending_id), None)
@@ -165,7 +168,7 @@ class AgentSession:
                          "seed": self.es.sampling.get("seed"), "ignore_eos": self.es.sampling.get("ignore_eos", False)},
             "state": self.state,
             "pending_call_id": self.pending.call.call_id if self.pending is not None else None,
-            "usage": dict(self.usage), "last_end_reason": self.last_end_reason,
+            "usage": dict(self.usage), "last_end_reason": self.last_end_reason, "hibernated": self.hibernated,
         }
 
     async def commit(self) -> None:
@@ -245,6 +248,33 @@ class AgentSession:
             if end is not None:
                 await end(self.id)
 
+    async def hibernate(self) -> bool:
+        """Leave memory while waiting for the outside (`server.hibernate_s`): a call it waits on stays
+        pending, everything is committed with the session marked hibernated, and its engine request (and
+        KV) goes. The store keeps it; its next request reads it back (`SessionTable.find`), its context
+        recomputed. False: it is not waiting, or the commit failed (it stays, nothing lost)."""
+        if self.state == "closed" or self.busy or not self.waiting_for_outside:
+            return False
+        if self.pending is not None and self._task is not None:
+            task, self._task = self._task, None  # the loop waits on the outside: the pending call is kept
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+            self.pending.future = None  # answered later through `launch_after`, as after a restart
+        self.hibernated = True
+        try:
+            await self.commit()
+        except Fenced:
+            await self.leave_fenced()
+            return True
+        except Exception:
+            self.hibernated = False
+            log.exception("session %s could not be committed for hibernation: it stays in memory", self.id)
+            return False
+        self.state = "closed"
+        await self.es.close()
+        return True
+
     async def leave_fenced(self) -> None:
         """Another replica owns the session now (this one's lease lapsed and it was taken over): stop
         serving it here, without a write (the store would refuse it) and without ending it (the new owner
@@ -315,9 +345,10 @@ class AgentSession:
     def turn_ended(self, reason: str) -> None:
         self.last_end_reason = reason
 
-    def take_restore_notice(self) -> bool:
-        """Whether the context came back after a restart (reported once, by the next resume)."""
-        notice, self.announce_restore = self.announce_restore, False
+    def take_restore_notice(self) -> str | None:
+        """Why the context came back anew, if it did: "restart", "hibernation", "takeover" (reported once, by
+        the next resume)."""
+        notice, self.announce_restore = self.announce_restore, None
         return notice
 
     def wait_for_outside(self, call: CallRecord) -> asyncio.Future[str]:

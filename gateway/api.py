@@ -33,7 +33,7 @@ ERRORS = {
     409: "The session is busy, or waits for something else",
     410: "The session was closed while the request ran",
     413: "The body, the message or the resulting context is too long",
-    429: "The server holds `server.max_sessions` sessions",
+    429: "The server holds `server.max_sessions` sessions in memory, none of them idle",
     500: "A server fault (never expected: reported as a bug)",
     503: "Not ready (engine starting or restarting), draining for shutdown, or over `server.max_queued_turns`",
 }

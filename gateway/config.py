@@ -29,8 +29,11 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8000
     api_key: str | None = None  # when set, every /v1 route needs "Authorization: Bearer KEY"
-    max_sessions: int = 256  # open sessions at once (429 beyond)
+    max_sessions: int = 256  # sessions in memory at once; idle ones hibernate to make room (429 when all are busy)
     session_idle_s: float = 1800.0  # a session idle this long is closed and its KV freed
+    # A session waiting for its user (or a client tool) this long leaves memory: committed, its engine
+    # request and KV freed; its next request reads it back from the store (its context recomputed).
+    hibernate_s: float = 600.0
     max_message_chars: int = 16000
     max_tokens: int = 256  # per generation step (one model turn between tool calls)
     max_tool_calls: int = 8  # per user message; then the model is told to answer
@@ -79,7 +82,7 @@ class GatewayConfig:
 
 _TYPES: dict[str, tuple[type, ...]] = {
     "host": (str,), "port": (int,), "api_key": (str, type(None)), "max_sessions": (int,),
-    "session_idle_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,), "max_reprompts": (int,),
+    "session_idle_s": (int, float), "hibernate_s": (int, float), "max_message_chars": (int,), "max_tokens": (int,), "max_tool_calls": (int,), "max_reprompts": (int,),
     "max_observation_chars": (int,), "tool_timeout_s": (int, float), "artifact_store_mb": (int,),
     "model_name": (str, type(None)), "state_path": (str, type(None)), "store": (str, type(None)), "drain_s": (int, float),
     "max_queued_turns": (int,), "sse_ping_s": (int, float), "backlog": (int,), "restart_engine": (bool,),

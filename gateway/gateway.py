@@ -49,7 +49,6 @@ from gateway.store_pg import PostgresStore
 
 log = logging.getLogger("infercept.gateway")
 RETRY_OVERLOADED_S = 1  # a turn slot frees within seconds
-RETRY_SESSIONS_S = 10  # sessions end by DELETE or idleness
 RETRY_NOT_READY_S = 5  # the engine is starting or restarting
 WATCH_S = 0.5  # how often the watchdog looks at the engine
 
@@ -261,7 +260,7 @@ class Gateway:
             await self._release()
 
     async def expire_loop(self) -> None:
-        idle = self.config.server.session_idle_s
+        idle = min(self.config.server.session_idle_s, self.config.server.hibernate_s)
         while True:
             await asyncio.sleep(min(30.0, max(0.05, idle / 4)))
             try:
@@ -273,9 +272,16 @@ class Gateway:
                 log.exception("session expiry failed; trying again at the next round")
 
     async def expire_idle(self) -> int:
-        n = await self.table.expire_idle(self.config.server.session_idle_s)
+        """One round: sessions idle past `session_idle_s` end (in memory or hibernated); sessions waiting
+        for the outside past `hibernate_s` leave memory."""
+        server = self.config.server
+        n = await self.table.expire_idle(server.session_idle_s)
+        if self.ctx is not None:
+            n += await self.table.expire_hibernated(self.ctx, server.session_idle_s)
         if n:
             self.metrics.sessions_expired.inc(n)
+        if server.hibernate_s < server.session_idle_s:
+            await self.table.hibernate_idle(server.hibernate_s)
         return n
 
     # ------------------------------------------------------------------ admission
@@ -339,10 +345,10 @@ class Gateway:
                            ignore_eos: bool = False) -> AgentSession:
         ctx = self.require_ready()
         self._refuse_if_draining()
-        limit = self.config.server.max_sessions
-        if not ephemeral and self.table.durable_count() >= limit:
-            raise ApiError(429, "too_many_sessions", f"the server holds its limit of {limit} sessions; close one",
-                           retry_after=RETRY_SESSIONS_S)
+        if not ephemeral:
+            # Sessions in memory are bounded, not sessions: idle ones hibernate to make room (429 when
+            # every one in memory is busy).
+            await self.table.make_room(self.config.server.max_sessions)
         return await self.table.open(ctx, system=system, tools=tools, client_tools=client_tools, max_tokens=max_tokens,
                                      temperature=temperature, seed=seed, ephemeral=ephemeral, ignore_eos=ignore_eos)
 
@@ -358,9 +364,9 @@ class Gateway:
         lease lapsed (requests for one a live replica owns are forwarded before they get here)."""
         if not self.ready.is_set() or self.engine.dead:
             self.require_ready()
-        if sid in self.table.live or self.table.replica is None:
+        if self.table.serving(sid):
             return self.table.get(sid, token)
-        return await self.table.take_over(self.require_ready(), sid, token)
+        return await self.table.find(self.require_ready(), sid, token, max_live=self.config.server.max_sessions)
 
     async def lease_loop(self) -> None:
         """A replica renews its lease every third of it; a failed renewal is retried at the next round (the

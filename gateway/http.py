@@ -50,8 +50,8 @@ async def read_json(request: web.Request) -> dict[str, Any]:
 
 def error_status(error_event: Mapping[str, Any]) -> int:
     """The HTTP status of a non-streamed response whose events ended in an `error` event."""
-    return {"context_too_long": 413, "session_closed": 410, "engine_died": 503,
-            "shutting_down": 503, "store_unavailable": 503}.get(str(error_event.get("type")), 500)
+    return {"context_too_long": 413, "session_closed": 410, "engine_died": 503, "shutting_down": 503,
+            "store_unavailable": 503, "session_moved": 503}.get(str(error_event.get("type")), 500)
 
 
 class SSE:

@@ -36,6 +36,10 @@ class GatewayMetrics:
                                              "(generation stopped there; only tools write observations)", registry=r)
         self.disconnects = Counter("infercept_client_disconnects", "Streams abandoned by their client (generation aborted)", registry=r)
         self.sessions_expired = Counter("infercept_sessions_expired", "Sessions closed for idleness", registry=r)
+        self.sessions_hibernated = Counter("infercept_sessions_hibernated", "Idle sessions that left memory (kept in "
+                                           "the store)", registry=r)
+        self.sessions_rehydrated = Counter("infercept_sessions_rehydrated", "Sessions read back from the store at "
+                                           "their next request after leaving memory", registry=r)
         self.sessions_taken_over = Counter("infercept_sessions_taken_over", "Sessions this replica took over from a "
                                            "replica whose lease lapsed", registry=r)
         self.sessions_fenced = Counter("infercept_sessions_fenced", "Sessions this replica stopped serving because "

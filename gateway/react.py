@@ -49,7 +49,7 @@ class Host(Protocol):
     tools: list[str]
     client_tools: dict[str, dict[str, Any]]
     last_end_reason: str | None  # read only: `turn_ended` sets it
-    announce_restore: bool  # read only: `take_restore_notice` clears it
+    announce_restore: str | None  # read only: `take_restore_notice` clears it
 
     def emit(self, event: EventData) -> None: ...
     def note(self, entry: Mapping[str, Any]) -> None: ...
@@ -59,7 +59,7 @@ class Host(Protocol):
     def generating(self) -> None: ...
     def running_tool(self) -> None: ...
     def turn_ended(self, reason: str) -> None: ...
-    def take_restore_notice(self) -> bool: ...
+    def take_restore_notice(self) -> str | None: ...
     def wait_for_outside(self, call: CallRecord) -> asyncio.Future[str]: ...
     def message_done(self, entry: Mapping[str, Any], prompt_tokens: int, completion_tokens: int) -> None: ...
 
@@ -90,7 +90,7 @@ class MessageRun:
         s, limits = self.s, self.s.ctx.limits
         resume_of: CallRecord | None = None  # the call whose result the next turn resumes after
         # A new message resumes the turn-end (chat) intercept; a restored session reports its recompute.
-        chat_resume = s.last_end_reason is not None or s.announce_restore
+        chat_resume = s.last_end_reason is not None or s.announce_restore is not None
         if answered is not None:  # a restored session's pending call, answered
             tokens, resume_of = await self._finish_call(*answered), answered[0]
         while True:
@@ -155,7 +155,8 @@ class MessageRun:
 
     def _announce_resume(self, call: CallRecord | None, rec: InterceptRecord | None) -> None:
         s = self.s
-        event = ResumeEvent.of(call, rec, after_restart=s.take_restore_notice() and rec is None)
+        notice = s.take_restore_notice()
+        event = ResumeEvent.of(call, rec, after=notice if rec is None else None)
         if call is not None:
             call.resumed(event.restored_by)
             s.record(call)

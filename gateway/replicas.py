@@ -79,7 +79,7 @@ def forwarding_middleware(gw: Any) -> Any:
             return await handler(request)
         table = gw.table_if_open
         replica = table.replica if table is not None else None
-        if replica is None or sid in table.live:  # type: ignore[union-attr]
+        if replica is None or table.serving(sid):  # type: ignore[union-attr]
             return await handler(request)
         try:
             owner = await replica.owner(sid)

@@ -30,6 +30,7 @@ from gateway.validation import parse
 
 api = Api("sessions")
 SESSION_HEADER = "X-Infercept-Session"
+RETRY_RESEND_S = 2  # a turn that ended in a 503 (the engine restarting, a shutdown, the store, a takeover)
 routes = api.routes
 SESSION_ERRORS = (400, 403, 404, 503)  # 400: aiohttp refuses a malformed header itself
 TURN_ERRORS = (*SESSION_ERRORS, 409, 410, 413, 500)
@@ -85,7 +86,10 @@ async def respond(request: web.Request, gw: Gateway, start: Callable[[], AsyncIt
     out = [{"event": n, **d} for n, d in collected if n != "token"]
     if name == "error":
         gw.metrics.messages.labels(route, "error").inc()
-        return error_response(error_status(last), last.get("type", "error"), last.get("message", ""), events=out)
+        status = error_status(last)
+        # A 503 says when to resend, as every other 503 of the gateway does.
+        retry = {"retry_after": RETRY_RESEND_S} if status == 503 else {}
+        return error_response(status, last.get("type", "error"), last.get("message", ""), events=out, **retry)
     gw.metrics.messages.labels(route, "ok").inc()
     return json_body(MessageResult(reply=last.get("reply"), state=last.get("state"), finish_reason=last.get("finish_reason"),
                                    usage=last.get("usage"), pending_call=last.get("pending_call"),

@@ -214,10 +214,12 @@ class ResumeEvent(EventData):
     kv_fate: str | None
     tokens_recomputed: int | None
     tokens_swapped_in: int | None
-    after: Literal["restart"] | None = Field(None, description="the context was rebuilt after a restart")
+    after: Literal["restart", "hibernation", "takeover"] | None = Field(
+        None, description="the context was rebuilt after a restart, after the session left memory while idle, or "
+                          "on another replica that took the session over")
 
     @classmethod
-    def of(cls, call: CallRecord | None, rec: InterceptRecord | None, after_restart: bool = False) -> ResumeEvent:
+    def of(cls, call: CallRecord | None, rec: InterceptRecord | None, after: str | None = None) -> ResumeEvent:
         """How the paused context came back. Without a record the engine request was opened anew (after an
         abort or a restart), which recomputes the whole context."""
         restored = rec.restored_by.value if rec is not None and rec.restored_by is not None else "recompute"
@@ -225,8 +227,8 @@ class ResumeEvent(EventData):
                  policy=rec.action if rec else None, kv_fate=rec.kv_fate.value if rec else None,
                  tokens_recomputed=rec.tokens_recomputed if rec else None,
                  tokens_swapped_in=rec.tokens_swapped_in if rec else None)
-        if after_restart:
-            ev.after = "restart"
+        if after is not None:
+            ev.after = after  # type: ignore[assignment]
         return ev
 
 

@@ -28,6 +28,7 @@ from gateway.store_pg import PostgresStore
 
 log = logging.getLogger("infercept.gateway")
 RETRY_STORE_S = 2  # a failing store (a full disk, a locked file) may recover within seconds
+RETRY_SESSIONS_S = 5  # every session in memory busy: one ends a turn within seconds
 EPHEMERAL_PREFIX = "chatcmpl-"  # sessions of one OpenAI completion: not stored, not counted against max_sessions
 
 
@@ -38,7 +39,8 @@ class SessionTable:
         self.on_removed = on_removed  # called with the id of each session removed for good (its artifacts go)
         self.skipped = 0  # stored sessions the last restore_all could not read back
         self._background: set[asyncio.Future[None]] = set()
-        self._taking: dict[str, asyncio.Lock] = {}  # sessions being taken over (one restore each)
+        self._taking: dict[str, asyncio.Lock] = {}  # sessions being read back (one restore each)
+        self._leaving: set[str] = set()  # sessions on their way out of memory (`_hibernate`)
 
     @property
     def replica(self) -> PostgresStore | None:
@@ -112,41 +114,121 @@ class SessionTable:
             raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
         return s
 
+    def serving(self, sid: str) -> bool:
+        """In memory and staying there (not on its way out)."""
+        return sid in self.live and sid not in self._leaving
+
     def _forget(self, sid: str) -> None:
         """A session another replica took over: no longer served here; its row is the new owner's."""
         self.live.pop(sid, None)
 
-    async def take_over(self, ctx: AgentContext, sid: str, token: str) -> AgentSession:
-        """A request for a stored session this replica does not serve, whose owner's lease lapsed (or that
-        has none): claim it and read it back (its next turn rebuilds the KV: `restored_by: recompute`).
-        A live owner keeps it: 503 with Retry-After (the balancer or the forwarding reaches it)."""
-        replica = self.replica
-        if replica is None:
+    async def find(self, ctx: AgentContext, sid: str, token: str, max_live: int | None = None) -> AgentSession:
+        """The session, read back from the store if it is not in memory: one that hibernated here, or
+        (replicas) one whose owner's lease lapsed, which this replica claims first (its next turn rebuilds
+        the KV: `restored_by: recompute`). A live owner elsewhere keeps its session: 503 with Retry-After
+        (the balancer or the forwarding reaches it). `max_live`: sessions in memory at most; idle ones
+        hibernate to make room (429 when none can)."""
+        while sid in self._leaving:  # on its way out of memory: read it back once it is out
+            await asyncio.sleep(0.005)
+        if sid in self.live:
             return self.get(sid, token)
+        if sid.startswith(EPHEMERAL_PREFIX):
+            raise ApiError(404, "not_found", f"no session {sid!r}")
+        replica = self.replica
         lock = self._taking.setdefault(sid, asyncio.Lock())
         try:
             async with lock:
                 if sid in self.live:
                     return self.get(sid, token)
                 try:
-                    stored = await replica.get(sid)
+                    stored = await self.store.get(sid)
                     if stored is None:
                         raise ApiError(404, "not_found", f"no session {sid!r}")
                     if not token_matches(token, stored.token_hash):
                         raise ApiError(403, "forbidden", "missing or wrong X-Session-Token for this session")
-                    if not await replica.claim(sid):
-                        raise ApiError(503, "session_elsewhere", f"session {sid} is served by another replica; retry",
-                                       retry_after=RETRY_STORE_S)
-                    if not await self._restore_one(ctx, sid):
-                        raise ApiError(404, "not_found", f"session {sid!r} cannot be served by this replica's model")
+                    after = "hibernation"
+                    if replica is not None:
+                        owner = await replica.owner(sid)
+                        if owner is not None and owner.replica_id != replica.replica_id:
+                            after = "takeover"
+                        if not await replica.claim(sid):
+                            raise ApiError(503, "session_elsewhere", f"session {sid} is served by another replica; retry",
+                                           retry_after=RETRY_STORE_S)
+                    elif not stored.head.get("hibernated"):
+                        after = "restart"  # stored, not hibernated, not in memory: its restore was skipped
+                    if max_live is not None:
+                        await self.make_room(max_live)
+                    if not await self._restore_one(ctx, sid, after):
+                        raise ApiError(404, "not_found", f"session {sid!r} cannot be served by this server's model")
                 except StoreError as e:
                     raise store_unavailable(e) from e
-                ctx.metrics.sessions_taken_over.inc()
-                log.info("session %s taken over by replica %s (epoch %d)", sid, replica.replica_id, replica.epoch)
+                if after == "takeover":
+                    ctx.metrics.sessions_taken_over.inc()
+                    assert replica is not None
+                    log.info("session %s taken over by replica %s (epoch %d)", sid, replica.replica_id, replica.epoch)
+                else:
+                    ctx.metrics.sessions_rehydrated.inc()
                 return self.get(sid, token)
         finally:
             if not lock.locked():
                 self._taking.pop(sid, None)
+
+    async def make_room(self, max_live: int) -> None:
+        """Hibernate the least recently active idle sessions until fewer than `max_live` are in memory;
+        429 when every one in memory is busy."""
+        # Concurrent requests share the work: sessions already on their way out count as gone, and each
+        # request sends out sessions no other one has picked.
+        while self.durable_count() - len(self._leaving) >= max_live:
+            idle = sorted((s for s in self.live.values() if not s.id.startswith(EPHEMERAL_PREFIX) and s.id not in self._leaving
+                           and s.waiting_for_outside and not s.busy), key=lambda s: s.last_active_s)
+            for s in idle:
+                if await self._hibernate(s):
+                    break
+            else:
+                raise ApiError(429, "too_many_sessions", f"the server holds its limit of {max_live} active sessions, "
+                               "none of them idle; retry shortly", retry_after=RETRY_SESSIONS_S)
+
+    async def hibernate_idle(self, idle_s: float) -> int:
+        """Sessions waiting for the outside for `idle_s` leave memory; how many did."""
+        now, n = time.monotonic(), 0
+        for s in list(self.live.values()):
+            if not s.id.startswith(EPHEMERAL_PREFIX) and s.waiting_for_outside and now - s.last_active_s > idle_s:
+                n += await self._hibernate(s)
+        return n
+
+    async def _hibernate(self, s: AgentSession) -> bool:
+        if s.id in self._leaving:
+            return False
+        self._leaving.add(s.id)
+        try:
+            if not await s.hibernate():
+                return False
+        finally:
+            self._leaving.discard(s.id)
+        self.live.pop(s.id, None)
+        s.ctx.metrics.sessions_hibernated.inc()
+        return True
+
+    async def expire_hibernated(self, ctx: AgentContext, idle_s: float) -> int:
+        """Hibernated sessions idle past `idle_s` are removed from the store (their tools' state and
+        artifacts too), as live ones are by `expire_idle`."""
+        n = 0
+        for sid in await self.store.hibernated_before(time.time() - idle_s):
+            if sid in self.live:
+                continue
+            try:
+                replica = self.replica
+                if replica is not None and not await replica.claim(sid):
+                    continue
+                await self._remove(sid)
+                for name in ctx.registry.names():
+                    end = getattr(ctx.registry.get(name), "end_session", None)
+                    if end is not None:
+                        await end(sid)
+                n += 1
+            except Exception:
+                log.exception("expiring hibernated session %s failed; the next round tries again", sid)
+        return n
 
     async def close(self, sid: str) -> None:
         """End a session and remove it from the store (and its artifacts). The removal happens whatever
@@ -206,7 +288,7 @@ class SessionTable:
         replica = self.replica
         # A replica reads back the sessions it owned (in any earlier incarnation); the others' are theirs,
         # or are taken over one by one when a request for one arrives (`take_over`).
-        for sid in await (replica.owned() if replica is not None else self.store.list()):
+        for sid in await (replica.owned(awake_only=True) if replica is not None else self.store.list(awake_only=True)):
             if sid in self.live:
                 continue
             try:
@@ -220,7 +302,7 @@ class SessionTable:
                 log.exception("session %s could not be read back from the store: skipped (left stored)", sid)
         return restored
 
-    async def _restore_one(self, ctx: AgentContext, sid: str) -> int:
+    async def _restore_one(self, ctx: AgentContext, sid: str, after: str = "restart") -> int:
         stored = await self.store.get(sid)
         if stored is None:
             return 0
@@ -239,7 +321,7 @@ class SessionTable:
                                      temperature=float(settings["temperature"]), seed=settings["seed"],
                                      ignore_eos=bool(settings.get("ignore_eos", False)), history=folded.context)
         try:
-            s = AgentSession.restored(ctx, es, folded, stored.token_hash, self.store)
+            s = AgentSession.restored(ctx, es, folded, stored.token_hash, self.store, after)
         except BaseException:
             await es.close()  # the engine session opened for it is not left behind
             raise

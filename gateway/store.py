@@ -73,8 +73,12 @@ class SessionStore(Protocol):
 
     async def get(self, sid: str) -> StoredSession | None: ...
 
-    async def list(self) -> list[str]:
-        """The ids of every stored session, oldest first."""
+    async def list(self, awake_only: bool = False) -> list[str]:
+        """The ids of every stored session, oldest first (`awake_only`: not those that left memory while
+        idle, which are read back one by one when asked for)."""
+
+    async def hibernated_before(self, last_active: float) -> list[str]:
+        """Hibernated sessions last active before `last_active` (a time.time()): the ones expiry removes."""
 
     async def delete(self, sid: str) -> None:
         """Remove a session: its head and its log."""
@@ -162,8 +166,14 @@ class SqliteStore:
 
         return await self._submit(fn)
 
-    async def list(self) -> list[str]:
-        return await self._submit(lambda db: [r[0] for r in db.execute("SELECT id FROM sessions ORDER BY rowid")])
+    async def list(self, awake_only: bool = False) -> list[str]:
+        where = " WHERE json_extract(head, '$.hibernated') IS NOT 1" if awake_only else ""
+        return await self._submit(lambda db: [r[0] for r in db.execute(f"SELECT id FROM sessions{where} ORDER BY rowid")])
+
+    async def hibernated_before(self, last_active: float) -> list[str]:
+        return await self._submit(lambda db: [r[0] for r in db.execute(
+            "SELECT id FROM sessions WHERE json_extract(head, '$.hibernated') = 1 "
+            "AND json_extract(head, '$.last_active') < ? ORDER BY rowid", (last_active,))])
 
     async def delete(self, sid: str) -> None:
         def fn(db: sqlite3.Connection) -> None:

@@ -75,6 +75,8 @@ async def _revision(db: Any) -> str | None:
     return await db.fetchval("SELECT value FROM infercept_meta WHERE key = 'schema_revision'")
 
 
+# Not a session that left memory while idle (`AgentSession.hibernate`).
+_AWAKE = " AND (head::jsonb ->> 'hibernated') IS DISTINCT FROM 'true'"
 # The database's clock, in seconds: every lease is judged by one clock.
 _NOW = "extract(epoch from clock_timestamp())"
 # A session's owner still holds its lease (the replica row of that epoch has a fresh heartbeat).
@@ -224,12 +226,13 @@ class PostgresStore:
             return None
         return Owner(row["owner"], row["url"] or "", int(row["owner_epoch"]), bool(row["alive"]))
 
-    async def owned(self) -> list[str]:
+    async def owned(self, awake_only: bool = False) -> list[str]:
         """Sessions this replica id owned in any incarnation (the ones to read back at a start), oldest
-        first."""
+        first (`awake_only`: not the hibernated ones)."""
         self._require_joined()
         async with self._pool.acquire() as db:
-            rows = await db.fetch("SELECT id FROM infercept_sessions WHERE owner = $1 ORDER BY created", self.replica_id)
+            rows = await db.fetch("SELECT id FROM infercept_sessions WHERE owner = $1" + (_AWAKE if awake_only else "")
+                                  + " ORDER BY created", self.replica_id)
         return [r["id"] for r in rows]
 
     def _require_joined(self) -> None:
@@ -288,10 +291,22 @@ class PostgresStore:
             bodies = await db.fetch("SELECT body FROM infercept_events WHERE session_id = $1 ORDER BY seq", sid)
         return StoredSession(sid, row["token_hash"], json.loads(row["head"]), [json.loads(r["body"]) for r in bodies])
 
-    async def list(self) -> list[str]:
+    async def list(self, awake_only: bool = False) -> list[str]:
         self._check_open()
+        where = " WHERE TRUE" + _AWAKE if awake_only else ""
         async with self._pool.acquire() as db:
-            return [r["id"] for r in await db.fetch("SELECT id FROM infercept_sessions ORDER BY created")]
+            return [r["id"] for r in await db.fetch(f"SELECT id FROM infercept_sessions{where} ORDER BY created")]
+
+    async def hibernated_before(self, last_active: float) -> list[str]:
+        """Hibernated sessions last active before `last_active`; a replica's own, or ones whose owner's
+        lease lapsed (expiry claims them before it deletes them)."""
+        self._check_open()
+        mine = (f" AND (s.owner IS NULL OR s.owner = $2 OR NOT {_OWNER_ALIVE})" if self.replica_id is not None else "")
+        args = (last_active, self.replica_id) if self.replica_id is not None else (last_active,)
+        async with self._pool.acquire() as db:
+            rows = await db.fetch("SELECT s.id FROM infercept_sessions s WHERE (s.head::jsonb ->> 'hibernated') = 'true' "
+                                  "AND (s.head::jsonb ->> 'last_active')::float8 < $1" + mine + " ORDER BY s.created", *args)
+        return [r["id"] for r in rows]
 
     async def delete(self, sid: str) -> None:
         fence, args = self._fence(2)

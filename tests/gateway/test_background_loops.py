@@ -51,7 +51,7 @@ async def test_the_expiry_loop_survives_a_failed_round() -> None:
             raise StoreError("database is locked")
         return 0
 
-    gw = fake_gateway(config=SimpleNamespace(server=SimpleNamespace(session_idle_s=0.2)), expire_idle=expire)
+    gw = fake_gateway(config=SimpleNamespace(server=SimpleNamespace(session_idle_s=0.2, hibernate_s=0.2)), expire_idle=expire)
     task = asyncio.ensure_future(Gateway.expire_loop(gw))  # type: ignore[arg-type]
     try:
         await wait_until(lambda: len(rounds) >= 3 or task.done(), 10, "three expiry rounds")

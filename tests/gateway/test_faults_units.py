@@ -51,8 +51,11 @@ class FakeStore:
     async def get(self, sid: str) -> StoredSession | None:
         return self.rows.get(sid)
 
-    async def list(self) -> list[str]:
-        return list(self.rows)
+    async def list(self, awake_only: bool = False) -> list[str]:
+        return [sid for sid, row in self.rows.items() if not (awake_only and row.head.get("hibernated"))]
+
+    async def hibernated_before(self, last_active: float) -> list[str]:
+        return [sid for sid, row in self.rows.items() if row.head.get("hibernated") and row.head["last_active"] < last_active]
 
     async def delete(self, sid: str) -> None:
         self.deletes.append(sid)

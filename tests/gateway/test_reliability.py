@@ -194,9 +194,11 @@ async def test_overload_and_draining_answer_with_retry_after(served: Served, ses
     for _ in range(MAX_SESSIONS - gw.durable_sessions()):
         sessions.append(await c.create_session(tools=[]))
     async with httpx.AsyncClient(base_url=served.url, headers=AUTH) as raw:
+        # At the limit of sessions in memory, an idle one leaves memory for the new one (the 429 when
+        # every one is busy: tests/gateway/test_sessions_api.py).
         r = await raw.post("/v1/sessions", json={})
-        assert r.status_code == 429 and r.json()["error"]["type"] == "too_many_sessions"
-        assert int(r.headers["Retry-After"]) == r.json()["error"]["retry_after"] > 0
+        assert r.status_code == 201
+        sessions.append(SessionRef(r.json()["id"], r.json()["token"]))
         gw.draining = True
         try:
             health = await raw.get("/healthz")

@@ -247,15 +247,54 @@ async def test_session_isolation(served: Served, sessions: list[SessionRef]) -> 
     assert (await served.client.get_session(b))["state"] == "awaiting_user"
 
 
-async def test_too_many_sessions(served: Served, sessions: list[SessionRef]) -> None:
-    open_now = sum(1 for sid in served.gw.sessions if sid.startswith("sess-"))
+async def test_at_the_session_limit_the_idle_ones_hibernate_and_come_back(served: Served, sessions: list[SessionRef]) -> None:
+    """`server.max_sessions` bounds sessions in memory, not sessions: at the limit, a new session sends the
+    least recently active idle one out of memory (committed, its engine request and KV freed), and that one
+    comes back, read from the store, at its next request, its context recomputed."""
+    gw, c = served.gw, served.client
+    first = await new(served, sessions, tools=[])
+    await c.send_message(first, "Hello", tool_choice="none")
+    before = (await c.get_session(first))
+    open_now = sum(1 for sid in gw.sessions if sid.startswith("sess-"))
     for _ in range(MAX_SESSIONS - open_now):
         await new(served, sessions)
-    with pytest.raises(ApiError) as e:
-        await new(served, sessions)
-    assert e.value.status == 429 and e.value.kind == "too_many_sessions"
-    await served.client.close_session(sessions.pop())
-    await new(served, sessions)  # room again
+    hibernated = gw.metrics.sessions_hibernated._value.get()
+    oldest = min((s for s in gw.sessions.values() if s.id.startswith("sess-")), key=lambda s: s.last_active_s).id
+    await new(served, sessions)  # one more than the limit: room is made
+    assert gw.metrics.sessions_hibernated._value.get() == hibernated + 1
+    assert oldest not in gw.sessions and sum(1 for sid in gw.sessions if sid.startswith("sess-")) == MAX_SESSIONS
+    assert first.id in gw.sessions or oldest == first.id
+    # Hibernate "first" for certain (as the idle timer does), then read it back by asking for it.
+    if first.id in gw.sessions:
+        assert await gw.table._hibernate(gw.sessions[first.id])
+    rehydrated = gw.metrics.sessions_rehydrated._value.get()
+    back = await c.get_session(first)
+    # As it was, but for what became of its last pause's KV (freed when the session left memory).
+    assert {k: v for k, v in back.items() if k != "intercepts"} == {k: v for k, v in before.items() if k != "intercepts"}
+    assert [i["intercept_id"] for i in back["intercepts"]] == [i["intercept_id"] for i in before["intercepts"]]
+    assert gw.metrics.sessions_rehydrated._value.get() == rehydrated + 1 and first.id in gw.sessions
+    events = [ev async for ev in c.stream_message(first, "And again?", tool_choice="none")]
+    resume = next(ev for ev in events if ev.name == "resume")
+    assert resume["restored_by"] == "recompute" and resume["after"] == "hibernation" and events[-1].name == "done"
+    # Requests at the limit at once share the work: one session leaves memory for each new one, no more.
+    hibernated = gw.metrics.sessions_hibernated._value.get()
+    await asyncio.gather(*(new(served, sessions) for _ in range(3)))
+    assert gw.metrics.sessions_hibernated._value.get() == hibernated + 3
+    assert sum(1 for sid in gw.sessions if sid.startswith("sess-")) == MAX_SESSIONS
+
+
+async def test_with_every_session_in_memory_busy_a_new_one_is_429_with_retry_after() -> None:
+    from gateway.http import ApiError as ServerError
+    from gateway.session_table import SessionTable
+    from gateway.store import SqliteStore
+
+    store = SqliteStore(":memory:")
+    try:
+        with pytest.raises(ServerError) as e:
+            await SessionTable(store).make_room(0)  # nothing idle to send out of memory
+        assert e.value.status == 429 and e.value.kind == "too_many_sessions" and e.value.extra["retry_after"] > 0
+    finally:
+        await store.close()
 
 
 async def test_busy_session_is_409_and_disconnect_aborts_and_frees_kv(served: Served, sessions: list[SessionRef]) -> None:

@@ -42,6 +42,12 @@ async def check_round_trip(store: SessionStore) -> None:
     # A late commit of a deleted session (its reader was still flushing) adds nothing.
     await store.append_event("a", [{"k": "msg"}], {"state": "idle"})
     assert await store.get("a") is None
+    # Sessions that left memory while idle: not among the awake ones; listed for expiry by last activity.
+    await store.put("c", "h3", {"state": "idle", "hibernated": True, "last_active": 100.0})
+    await store.put("d", "h4", {"state": "idle", "hibernated": True, "last_active": 200.0})
+    await store.put("e", "h5", {"state": "idle", "hibernated": False, "last_active": 50.0})
+    assert await store.list() == ["b", "c", "d", "e"] and await store.list(awake_only=True) == ["b", "e"]
+    assert await store.hibernated_before(150.0) == ["c"] and await store.hibernated_before(300.0) == ["c", "d"]
 
 
 async def test_put_get_list_delete_and_append(tmp_path: Path) -> None:
