@@ -175,11 +175,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     load = sub.add_parser("loadtest", help="reliability under load and faults: concurrent sessions, disconnects, "
                           "kill -9, schemathesis; writes results/reliability.json")
-    load.add_argument("--sessions", type=int, default=2000, help="concurrent sessions, all connecting at once")
+    load.add_argument("--sessions", type=int, default=2000, help="sessions, balanced: concurrent sessions, all connecting at once")
     load.add_argument("--disconnects", type=int, default=1000, help="clients that drop their stream mid-turn")
-    load.add_argument("--kill-sessions", type=int, default=200, help="sessions mid-turn when the server is killed -9")
+    load.add_argument("--kill-sessions", type=int, default=200, help="kill, failover: sessions when a server is killed -9 (half of them mid-turn)")
     load.add_argument("--schemathesis", type=int, default=1000, help="generated requests at least (0: skip)")
-    load.add_argument("--phases", default="sessions,disconnects,kill,schemathesis")
+    load.add_argument("--idle-sessions", type=int, default=100000, help="idle: sessions opened and left idle")
+    load.add_argument("--rolling-clients", type=int, default=50, help="rolling: clients sending messages through restarts")
+    load.add_argument("--lease-s", type=float, default=5.0, help="the replicas' lease (balanced, failover, rolling)")
+    load.add_argument("--phases", default="sessions,disconnects,kill,schemathesis",
+                      help="any of sessions, disconnects, kill, schemathesis, idle (one server), balanced, failover, rolling "
+                           "(two replicas behind HAProxy over PostgreSQL)")
     load.add_argument("--out", default="results/reliability.json")
     load.add_argument("--port", type=int, default=8765)
     load.set_defaults(func=_cmd_loadtest)

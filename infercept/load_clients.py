@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -40,6 +41,17 @@ def percentiles(values: list[float]) -> dict[str, float] | None:
         return round(v[min(len(v) - 1, int(q * len(v)))], 3)
 
     return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "max": round(v[-1], 3), "n": len(v)}
+
+
+def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
+    kinds = Counter(o.kind for o in outcomes)
+    ok = [o.seconds for o in outcomes if o.kind == "done"]
+    return {
+        "clients": len(outcomes), "done": kinds.get("done", 0), "outcomes": dict(sorted(kinds.items())),
+        "http_5xx": sum(1 for o in outcomes if o.status is not None and o.status >= 500),
+        "refused_or_reset": sum(v for k, v in kinds.items() if k.startswith("connection:")),
+        "latency_s": percentiles(ok), "first_token_s": percentiles([o.first_token_s for o in outcomes if o.first_token_s is not None]),
+    }
 
 
 async def sse(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:

@@ -75,6 +75,77 @@ def schemathesis(out: dict[str, Any]) -> list[str]:
     return f
 
 
+def balanced(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["clients"]
+    _want(f, out["done"] == n, f"{out['done']} of {n} sessions ended in done (outcomes {out['outcomes']})")
+    _want(f, out["tool_calls"] == n, f"{out['tool_calls']} of {n} turns called a tool")
+    _want(f, out["http_5xx"] == 0, f"{out['http_5xx']} HTTP 5xx answers")
+    _want(f, out["refused_or_reset"] == 0, f"{out['refused_or_reset']} refused or reset connections")
+    _want(f, len(out["sessions_by_replica"]) == 2, f"sessions were not spread over both replicas: {out['sessions_by_replica']}")
+    after = out["after"]
+    _want(f, after["deleted"] == n, f"{after['deleted']} of {n} sessions deleted with 204")
+    for name, r in after["replicas"].items():
+        _want(f, r["blocks"]["free"] == r["blocks"]["total"] and r["integrity"]["free"] == r["integrity"]["total"],
+              f"replica {name}: KV blocks not all free after deleting every session: {r['blocks']}")
+        _want(f, r["running"] == 0 and r["waiting"] == 0, f"replica {name}: requests left: running {r['running']}, "
+              f"waiting {r['waiting']}")
+    return f
+
+
+def failover(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["sessions_before"]
+    _want(f, out["sessions_lost"] == 0, f"{out['sessions_lost']} of {n} sessions lost by the kill -9 of {out['victim']}")
+    _want(f, out["finished_sessions_intact"] == out["finished_before_kill"] == n // 2,
+          f"{out['finished_sessions_intact']} of {n // 2} finished sessions read back identical")
+    _want(f, out["cut_mid_stream"] > 0, "no turn was cut mid-stream by the kill: nothing measured")
+    _want(f, out["cut_sessions_intact"] == out["cut_mid_stream"],
+          f"{out['cut_sessions_intact']} of {out['cut_mid_stream']} turns cut mid-stream came back marked interrupted "
+          "with what their clients saw")
+    _want(f, out["mid_turn_not_cut_usable"] == out["mid_turn_not_cut"],
+          f"{out['mid_turn_not_cut_usable']} of {out['mid_turn_not_cut']} turns not cut left their session usable")
+    _want(f, out["next_message_done"] == n, f"{out['next_message_done']} of {n} sessions answered the next message "
+          f"({out['next_message']})")
+    _statuses(f, out["statuses"])
+    _want(f, out["engine_processes_left_behind"] == 0, f"{out['engine_processes_left_behind']} engine processes left behind")
+    return f
+
+
+def rolling(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["clients"]
+    _want(f, out["sessions_lost"] == 0, f"{out['sessions_lost']} of {out['sessions']} sessions lost in the rolling restart")
+    _want(f, all(r["exit_code"] == 0 for r in out["restarts"]), f"a replica did not exit cleanly on SIGTERM: {out['restarts']}")
+    _want(f, out["turns_done"] == out["turns_sent"], f"{out['turns_done']} of {out['turns_sent']} messages answered "
+          f"(outcomes {out['turns']})")
+    _want(f, out["sessions_with_every_turn"] == out["sessions"], f"{out['sessions_with_every_turn']} of {out['sessions']} "
+          "transcripts hold every answered turn")
+    _statuses(f, out["statuses"])
+    return f
+
+
+IDLE_RSS_GROWTH_MB = 2048  # issue 34's aim for 100,000 idle sessions on one replica
+
+
+def idle(out: dict[str, Any]) -> list[str]:
+    f: list[str] = []
+    n = out["sessions"]
+    _want(f, out["opened"] == n, f"{out['opened']} of {n} sessions opened ({out['open_failures']})")
+    _want(f, out["rss_growth_mb"] < IDLE_RSS_GROWTH_MB, f"resident memory grew {out['rss_growth_mb']} MB for {n} idle "
+          f"sessions (at most {IDLE_RSS_GROWTH_MB} MB)")
+    rb = out["read_back"]
+    _want(f, rb["not_200"] == 0, f"{rb['not_200']} of {rb['sessions']} idle sessions not read back")
+    _want(f, out["next_message_done"] == sum(out["next_message"].values()),
+          f"idle sessions' next messages: {out['next_message']}")
+    return f
+
+
+def _statuses(f: list[str], st: dict[str, Any]) -> None:
+    _want(f, st["http_5xx_not_503"] == 0, f"{st['http_5xx_not_503']} 5xx answers other than 503 ({st['by_status']})")
+    _want(f, st["http_503_without_retry_after"] == 0, f"{st['http_503_without_retry_after']} 503 answers without Retry-After")
+
+
 def _after(f: list[str], after: dict[str, Any], n: int) -> None:
     _want(f, after["deleted"] == n, f"{after['deleted']} of {n} sessions deleted with 204")
     _want(f, after["all_blocks_free"], f"KV blocks not all free after deleting every session: {after['blocks']}")
@@ -86,6 +157,7 @@ def _after(f: list[str], after: dict[str, Any], n: int) -> None:
 
 CHECKS: dict[str, Callable[[dict[str, Any]], list[str]]] = {
     "sessions": sessions, "disconnects": disconnects, "kill": kill, "schemathesis": schemathesis,
+    "balanced": balanced, "failover": failover, "rolling": rolling, "idle": idle,
 }
 
 

@@ -11,6 +11,7 @@ Phases (`--phases`):
   sessions back, transcripts with what the clients saw, next messages answered, engine processes reaped.
 * schemathesis: `schemathesis run` against `/openapi.json` (checks not_a_server_error and
   status_code_conformance), requests counted from its HAR report by status.
+* balanced, failover, rolling: two replicas behind HAProxy over PostgreSQL (infercept/load_cluster.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from infercept.load_clients import (
     percentiles,
     raw_get,
     session_client,
+    summarize,
 )
 from infercept.server_proc import REPO, ServerProcess, alive, write_config
 
@@ -62,17 +64,6 @@ def _commit() -> str:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
-
-
-def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
-    kinds = Counter(o.kind for o in outcomes)
-    ok = [o.seconds for o in outcomes if o.kind == "done"]
-    return {
-        "clients": len(outcomes), "done": kinds.get("done", 0), "outcomes": dict(sorted(kinds.items())),
-        "http_5xx": sum(1 for o in outcomes if o.status is not None and o.status >= 500),
-        "refused_or_reset": sum(v for k, v in kinds.items() if k.startswith("connection:")),
-        "latency_s": percentiles(ok), "first_token_s": percentiles([o.first_token_s for o in outcomes if o.first_token_s is not None]),
-    }
 
 
 async def settle(url: str, headers: dict[str, str]) -> dict[str, Any]:
@@ -174,6 +165,78 @@ async def phase_kill(server: ServerProcess, n: int, log_dir: Path) -> dict[str, 
         restarted.stop()
 
 
+def _rss_mb(server: ServerProcess) -> float:
+    """Resident memory of the server process and its children (the engine core, its worker), in MB."""
+    import psutil
+
+    assert server.proc is not None
+    procs = [psutil.Process(server.proc.pid)]
+    procs += procs[0].children(recursive=True)
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.Error:
+            pass
+    return total / 2**20
+
+
+async def phase_idle(server: ServerProcess, n: int, sample: int = 200, concurrency: int = 64) -> dict[str, Any]:
+    """`n` sessions opened and left idle (a first message in `sample` of them): memory before and after,
+    every session kept in the store, and `sample` of them read back at random, each answering its next
+    message. Beyond `server.max_sessions` sessions in memory, idle ones hibernate."""
+    import random
+
+    import aiohttp
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    rss0 = _rss_mb(server)
+    refs: list[tuple[str, str]] = []
+    failures: Counter[str] = Counter()
+    t0 = time.perf_counter()
+    async with aiohttp.ClientSession(headers=headers, timeout=aiohttp.ClientTimeout(total=None)) as http:
+        todo = iter(range(n))
+
+        async def opener() -> None:
+            for _ in todo:
+                async with http.post(f"{server.url}/v1/sessions", json={"tools": [], "max_tokens": 8}) as r:
+                    if r.status != 201:
+                        failures[f"http:{r.status}"] += 1
+                        continue
+                    d = await r.json()
+                    refs.append((d["id"], d["token"]))
+
+        await asyncio.gather(*(opener() for _ in range(concurrency)))
+        open_s = time.perf_counter() - t0
+        rss1 = _rss_mb(server)
+        stats = await raw_get(server.url, "/v1/stats", headers)
+        live = (await raw_get(server.url, "/v1/sessions", headers))["sessions"]  # in memory now
+        rng = random.Random(0)
+        picked = rng.sample(refs, min(sample, len(refs)))
+        lat: list[float] = []
+        bad = 0
+        for sid, token in picked:
+            t = time.perf_counter()
+            async with http.get(f"{server.url}/v1/sessions/{sid}", headers={"X-Session-Token": token}) as r:
+                bad += r.status != 200
+            lat.append(time.perf_counter() - t)
+        answered = await asyncio.gather(*(session_client(server.url, API_KEY, i, existing=ref, tool_choice="none")
+                                          for i, ref in enumerate(picked[:20])))
+        rss2 = _rss_mb(server)
+    metrics = await raw_get(server.url, "/metrics", headers, text=True)
+    return {
+        "sessions": n, "opened": len(refs), "open_failures": dict(failures), "open_s": round(open_s, 1),
+        "opened_per_s": round(len(refs) / open_s, 1) if open_s else None, "in_memory_after_open": live,
+        "rss_mb": {"before": round(rss0), "after_open": round(rss1), "after_reads": round(rss2)},
+        "rss_growth_mb": round(rss1 - rss0, 1), "bytes_per_session": round((rss1 - rss0) * 2**20 / max(1, len(refs))),
+        "store_bytes": stats.get("store", {}).get("bytes") if isinstance(stats.get("store"), dict) else None,
+        "read_back": {"sessions": len(picked), "not_200": bad, "latency_s": percentiles(lat)},
+        "next_message": dict(Counter(o.kind for o in answered)), "next_message_done": sum(1 for o in answered if o.kind == "done"),
+        "hibernated": _metric(metrics, "infercept_sessions_hibernated_total"),
+        "rehydrated": _metric(metrics, "infercept_sessions_rehydrated_total"),
+    }
+
+
 def phase_schemathesis(url: str, n: int, out_dir: Path, timeout_s: float = SCHEMATHESIS_TIMEOUT_S) -> dict[str, Any]:
     exe = shutil.which("schemathesis") or str(Path(sys.executable).parent / "schemathesis")
     har = out_dir / "schemathesis.har"
@@ -216,11 +279,52 @@ async def run_phase(phase: str, server: ServerProcess, args: argparse.Namespace,
         return out, server
     if phase == "schemathesis":
         return await asyncio.to_thread(phase_schemathesis, server.url, args.schemathesis, work), server
+    if phase == "idle":
+        return await phase_idle(server, args.idle_sessions), server
     raise ValueError(f"unknown phase {phase!r}")
 
 
+CLUSTER_PHASES = ("balanced", "failover", "rolling")
+
+
+async def run_cluster_phases(phases: list[str], cfg: Path, args: argparse.Namespace, work: Path,
+                             result: dict[str, Any]) -> None:
+    """The replica phases, on one cluster (a replica killed by the failover phase is started again)."""
+    from infercept.load_cluster import ClusterUnderTest, phase_balanced, phase_failover, phase_rolling
+
+    cut = ClusterUnderTest(cfg, args.port + 10, work, args.lease_s)
+    try:
+        await cut.start()
+        for phase in phases:
+            print(f"[loadtest] {phase} ...", flush=True)
+            t0 = time.perf_counter()
+            cluster = cut.cluster
+            assert cluster is not None
+            try:
+                if phase == "balanced":
+                    out = await phase_balanced(cluster, args.sessions, API_KEY)
+                elif phase == "failover":
+                    out = await phase_failover(cut, args.kill_sessions, API_KEY, long_turn_tokens(MAX_MODEL_LEN))
+                else:
+                    out = await phase_rolling(cut, args.rolling_clients, API_KEY)
+            except Exception as e:  # noqa: BLE001 (a phase that crashed fails, and the others still run)
+                out = {"error": f"{type(e).__name__}: {e}"}
+            for i, server in enumerate(cluster.servers):  # the next phase gets both replicas
+                if server.proc is None or server.proc.poll() is not None:
+                    server.stop()
+                    await cut.restart(i, f"after-{phase}")
+            out["phase_s"] = round(time.perf_counter() - t0, 1)
+            out["verdict"] = load_verdict.judge(phase, out)
+            result["phases"][phase] = out
+            print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
+            print(load_verdict.line(phase, out["verdict"]), flush=True)
+    finally:
+        cut.stop()
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    all_phases = [p.strip() for p in args.phases.split(",") if p.strip()]
+    phases = [p for p in all_phases if p not in CLUSTER_PHASES]
     work = Path(tempfile.mkdtemp(prefix="infercept-load-"))
     n_max = max(args.sessions, args.disconnects, args.kill_sessions) + 64
     cfg = write_config(work / "serve.yaml", port=args.port, state_path=str(work / "state" / "sessions.db"),
@@ -234,6 +338,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
         "server_config": yaml.safe_load(cfg.read_text()), "phases": {},
     }
+    cluster_phases = [p for p in all_phases if p in CLUSTER_PHASES]
+    if cluster_phases:
+        await run_cluster_phases(cluster_phases, cfg, args, work, result)
+    if not phases:
+        return result
     server = ServerProcess(cfg, args.port, work / "server.log").start()
     try:
         await server.wait_ready()

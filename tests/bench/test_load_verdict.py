@@ -20,6 +20,18 @@ GOOD = {
              "finished_sessions_intact": 2, "interrupted_sessions": 2, "interrupted_sessions_intact": 2, "mid_turn_at_kill": 2,
              "next_message_done": 4, "next_message_outcomes": {"done": 4}, "engine_processes_left_behind": 0},
     "schemathesis": {"exit_code": 0, "timed_out": False, "timeout_s": 60, "http_5xx": 0, "requests": 1200, "required_requests": 1000},
+    "balanced": {**SUMMARY, "tool_calls": 4, "sessions_by_replica": {"r1": 2, "r2": 2},
+                 "after": {"deleted": 4, "replicas": {r: {"blocks": {"total": 10, "free": 10}, "integrity": {"total": 10, "free": 10},
+                                                          "running": 0, "waiting": 0} for r in ("r1", "r2")}}},
+    "failover": {"sessions_before": 4, "victim": "r1", "sessions_lost": 0, "finished_before_kill": 2, "finished_sessions_intact": 2,
+                 "cut_mid_stream": 1, "cut_sessions_intact": 1, "mid_turn_not_cut": 1, "mid_turn_not_cut_usable": 1,
+                 "next_message_done": 4, "next_message": {"done": 4}, "engine_processes_left_behind": 0,
+                 "statuses": {"by_status": {"200": 9, "503": 2}, "http_5xx_not_503": 0, "http_503_without_retry_after": 0}},
+    "rolling": {"clients": 2, "sessions": 3, "sessions_lost": 0, "restarts": [{"exit_code": 0}, {"exit_code": 0}],
+                "turns_done": 9, "turns_sent": 9, "turns": {"done": 9}, "sessions_with_every_turn": 3,
+                "statuses": {"by_status": {"200": 12, "503": 1}, "http_5xx_not_503": 0, "http_503_without_retry_after": 0}},
+    "idle": {"sessions": 100, "opened": 100, "open_failures": {}, "rss_growth_mb": 50.0,
+             "read_back": {"sessions": 10, "not_200": 0}, "next_message": {"done": 5}, "next_message_done": 5},
 }
 
 
@@ -52,6 +64,15 @@ def test_each_condition_fails_its_phase() -> None:
         ("kill", ["finished_sessions_intact"], 1),
         ("schemathesis", ["exit_code"], 1), ("schemathesis", ["http_5xx"], 2), ("schemathesis", ["timed_out"], True),
         ("schemathesis", ["requests"], 10),
+        ("balanced", ["http_5xx"], 1), ("balanced", ["sessions_by_replica"], {"r1": 4}),
+        ("balanced", ["after", "replicas", "r2", "running"], 1),
+        ("failover", ["sessions_lost"], 1), ("failover", ["cut_mid_stream"], 0), ("failover", ["cut_sessions_intact"], 0),
+        ("failover", ["finished_sessions_intact"], 1), ("failover", ["next_message_done"], 3),
+        ("failover", ["statuses", "http_5xx_not_503"], 1), ("failover", ["statuses", "http_503_without_retry_after"], 1),
+        ("rolling", ["sessions_lost"], 1), ("rolling", ["turns_done"], 8), ("rolling", ["restarts"], [{"exit_code": 1}]),
+        ("rolling", ["sessions_with_every_turn"], 2), ("rolling", ["statuses", "http_5xx_not_503"], 2),
+        ("idle", ["opened"], 99), ("idle", ["rss_growth_mb"], 4096.0), ("idle", ["read_back", "not_200"], 1),
+        ("idle", ["next_message_done"], 4),
     ]
     for phase, path, value in cases:
         v = load_verdict.judge(phase, bad(phase, path, value))
