@@ -54,6 +54,17 @@ def summarize(outcomes: list[Outcome]) -> dict[str, Any]:
     }
 
 
+async def tool_sessions(url: str, key: str, n: int) -> tuple[list[Outcome], dict[str, Any]]:
+    """`n` clients at once, each opening a session and sending a message that must call a tool: their
+    outcomes, and the summary (wall time, turns that called a tool)."""
+    t0 = time.perf_counter()
+    outcomes = list(await asyncio.gather(*(session_client(url, key, i) for i in range(n))))
+    out = summarize(outcomes)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    out["tool_calls"] = sum(1 for o in outcomes if o.tool_called)
+    return outcomes, out
+
+
 async def sse(resp: aiohttp.ClientResponse) -> AsyncIterator[tuple[str, dict[str, Any]]]:
     name, data = "message", []
     async for raw in resp.content:

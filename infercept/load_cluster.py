@@ -28,7 +28,7 @@ import aiohttp
 
 from gateway.store_pg import PostgresStore
 from infercept.cluster import Cluster
-from infercept.load_clients import TIMEOUT, MidTurnClient, Outcome, percentiles, session_client, sse, summarize
+from infercept.load_clients import TIMEOUT, MidTurnClient, Outcome, percentiles, session_client, sse, tool_sessions
 from infercept.pg_local import LocalPostgres
 from infercept.server_proc import ServerProcess
 
@@ -177,12 +177,7 @@ async def replicas_after_delete(cluster: Cluster, refs: list[tuple[str, str]], k
 
 # ====================================================================== phases
 async def phase_balanced(cluster: Cluster, n: int, key: str) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    outcomes = await asyncio.gather(*(session_client(cluster.url, key, i) for i in range(n)))
-    wall = time.perf_counter() - t0
-    out = summarize(list(outcomes))
-    out["wall_s"] = round(wall, 1)
-    out["tool_calls"] = sum(1 for o in outcomes if o.tool_called)
+    outcomes, out = await tool_sessions(cluster.url, key, n)
     store = await PostgresStore.open(cluster.store or "")
     try:
         owners = Counter([(o.replica_id if (o := await store.owner(x.sid)) else None) for x in outcomes if x.sid])

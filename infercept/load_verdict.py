@@ -16,13 +16,19 @@ def _want(failures: list[str], ok: bool, what: str) -> None:
 
 
 def sessions(out: dict[str, Any]) -> list[str]:
+    f = _tool_sessions(out)
+    _after(f, out["after"], out["clients"])
+    return f
+
+
+def _tool_sessions(out: dict[str, Any]) -> list[str]:
+    """N clients at once, each a session whose message must call a tool (`load_clients.tool_sessions`)."""
     f: list[str] = []
     n = out["clients"]
     _want(f, out["done"] == n, f"{out['done']} of {n} sessions ended in done (outcomes {out['outcomes']})")
     _want(f, out["tool_calls"] == n, f"{out['tool_calls']} of {n} turns called a tool")
     _want(f, out["http_5xx"] == 0, f"{out['http_5xx']} HTTP 5xx answers")
     _want(f, out["refused_or_reset"] == 0, f"{out['refused_or_reset']} refused or reset connections")
-    _after(f, out["after"], n)
     return f
 
 
@@ -76,12 +82,8 @@ def schemathesis(out: dict[str, Any]) -> list[str]:
 
 
 def balanced(out: dict[str, Any]) -> list[str]:
-    f: list[str] = []
+    f = _tool_sessions(out)
     n = out["clients"]
-    _want(f, out["done"] == n, f"{out['done']} of {n} sessions ended in done (outcomes {out['outcomes']})")
-    _want(f, out["tool_calls"] == n, f"{out['tool_calls']} of {n} turns called a tool")
-    _want(f, out["http_5xx"] == 0, f"{out['http_5xx']} HTTP 5xx answers")
-    _want(f, out["refused_or_reset"] == 0, f"{out['refused_or_reset']} refused or reset connections")
     _want(f, len(out["sessions_by_replica"]) == 2, f"sessions were not spread over both replicas: {out['sessions_by_replica']}")
     after = out["after"]
     _want(f, after["deleted"] == n, f"{after['deleted']} of {n} sessions deleted with 204")

@@ -42,6 +42,7 @@ from infercept.load_clients import (
     raw_get,
     session_client,
     summarize,
+    tool_sessions,
 )
 from infercept.server_proc import REPO, ServerProcess, alive, write_config
 
@@ -103,12 +104,7 @@ async def blocks_after_delete(url: str, refs: list[tuple[str, str]], key: str = 
 
 
 async def phase_sessions(server: ServerProcess, n: int, key: str = API_KEY) -> dict[str, Any]:
-    t0 = time.perf_counter()
-    outcomes = await asyncio.gather(*(session_client(server.url, key, i) for i in range(n)))
-    wall = time.perf_counter() - t0
-    out = summarize(list(outcomes))
-    out["wall_s"] = round(wall, 1)
-    out["tool_calls"] = sum(1 for o in outcomes if o.tool_called)
+    outcomes, out = await tool_sessions(server.url, key, n)
     out["after"] = await blocks_after_delete(server.url, [(o.sid, o.token) for o in outcomes if o.sid], key)
     return out
 
@@ -313,13 +309,18 @@ async def run_cluster_phases(phases: list[str], cfg: Path, args: argparse.Namesp
                 if server.proc is None or server.proc.poll() is not None:
                     server.stop()
                     await cut.restart(i, f"after-{phase}")
-            out["phase_s"] = round(time.perf_counter() - t0, 1)
-            out["verdict"] = load_verdict.judge(phase, out)
-            result["phases"][phase] = out
-            print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
-            print(load_verdict.line(phase, out["verdict"]), flush=True)
+            record(result, phase, out, t0)
     finally:
         cut.stop()
+
+
+def record(result: dict[str, Any], phase: str, out: dict[str, Any], t0: float) -> None:
+    """A finished phase: its time and verdict, into the result and onto the console."""
+    out["phase_s"] = round(time.perf_counter() - t0, 1)
+    out["verdict"] = load_verdict.judge(phase, out)
+    result["phases"][phase] = out
+    print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
+    print(load_verdict.line(phase, out["verdict"]), flush=True)
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -357,11 +358,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     server.stop()
                     server = ServerProcess(cfg, args.port, work / f"server-after-{i}-{phase}.log").start()
                     await server.wait_ready()
-            out["phase_s"] = round(time.perf_counter() - t0, 1)
-            out["verdict"] = load_verdict.judge(phase, out)
-            result["phases"][phase] = out
-            print(f"[loadtest] {phase}: {json.dumps(out)[:600]}", flush=True)
-            print(load_verdict.line(phase, out["verdict"]), flush=True)
+            record(result, phase, out, t0)
     finally:
         server.stop()
     result["server_log_tail"] = server.log_tail(1500)
