@@ -184,7 +184,8 @@ class Gateway:
             await s.close()
             self.restored = await self.table.restore_all(self.ctx)
             if not self._artifacts_loaded:  # files of sessions that are gone are removed once, at start
-                await self.artifacts.load(self.table.live)
+                # Hibernated sessions keep theirs: every stored session's files stay.
+                await self.artifacts.load(await self.store.list())
                 self._artifacts_loaded = True
             self.down_reason = None
             self.ready.set()
