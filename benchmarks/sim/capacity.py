@@ -1,5 +1,5 @@
 """`infercept simulate --sessions N --profile P --workload W`: how many concurrent agent sessions one
-device sustains at the SLO, per policy.
+device sustains at the SLO, per policy, and so how many replicas N sessions need (`replicas_needed`).
 
 Closed loop: each of N sessions runs agent requests back to back (a request's calls included; the next
 request starts when the previous one's last token is out), drawing them from the benchmark's workload
@@ -174,6 +174,18 @@ def sessions_at_slo(bench: SimBench, label: str, pool: Sequence[Request], slo_s:
     return out
 
 
+def replicas_needed(sessions: int, r: CapacityResult) -> int | None:
+    """Replicas `sessions` active sessions need at the SLO when each session stays on one replica (its KV
+    lives there: the balancer's affinity), every replica a device like the simulated one with its own KV
+    and intercept core: they share no state, so each serves what one device sustains. None: one device
+    sustains no session at the SLO."""
+    if r.censored or r.sessions_at_slo >= sessions:
+        return 1
+    if r.sessions_at_slo <= 0:
+        return None
+    return math.ceil(sessions / r.sessions_at_slo)
+
+
 def capacity(bench: SimBench, labels: Sequence[str], *, workload: str, max_sessions: int, seed: int = 0,
              window_s: float | None = None, pool_size: int = 2000, slo_factor: float = 5.0,
              verbose: bool = True) -> dict[str, Any]:
@@ -193,7 +205,8 @@ def capacity(bench: SimBench, labels: Sequence[str], *, workload: str, max_sessi
         "workload": workload, "max_sessions": max_sessions, "seed": seed, "pool_size": pool_size,
         "slo": {"slo_factor": slo_factor, "unloaded_normalized_latency_s": cal["median_s"], "slo_normalized_latency_s": slo},
         "ramp_s": ramp, "window_s": window, "drain_s": drain,
-        "policies": {lab: {"sessions_at_slo": r.sessions_at_slo, "censored": r.censored, "wall_s": r.wall_s,
+        "policies": {lab: {"sessions_at_slo": r.sessions_at_slo, "censored": r.censored,
+                           "replicas_for_max_sessions": replicas_needed(max_sessions, r), "wall_s": r.wall_s,
                            "probes": [dataclasses.asdict(p) for p in r.probes]} for lab, r in results.items()},
         "wall_s": time.time() - t0,
     }

@@ -180,7 +180,10 @@ def main(args: argparse.Namespace) -> int:
         print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
               f"workload {args.workload or 'mixed'}, up to {args.sessions}:")
         for lab, r in res["policies"].items():
-            print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  ({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
+            reps = r["replicas_for_max_sessions"]
+            print(f"  {lab:20s} {r['sessions_at_slo']:6d}{'+' if r['censored'] else ' '}  "
+                  f"-> {args.sessions} sessions need {reps if reps is not None else 'no number of'} replica(s)  "
+                  f"({len(r['probes'])} probes, {r['wall_s']:.1f} s)")
         _write(res, Path(args.out or "results/sim/capacity.json"))
     else:
         from infercept.benchmarks.sim.paper import paper_model

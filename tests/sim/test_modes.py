@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from infercept.benchmarks.replay import REPO, Setting
-from infercept.benchmarks.sim.capacity import ClosedLoop, request_pool, sessions_at_slo
+from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replicas_needed, request_pool, sessions_at_slo
 from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.sim.validate import validate
@@ -189,6 +189,11 @@ def test_closed_loop_sessions_run_one_request_at_a_time(tmp_path: Path) -> None:
     passed = [q.sessions for q in res.probes if q.passed]
     failed = [q.sessions for q in res.probes if not q.passed]
     assert res.sessions_at_slo == max(passed) and (res.censored or res.sessions_at_slo < min(failed))
+    # With affinity each replica serves what one device sustains.
+    if not res.censored and res.sessions_at_slo > 0:
+        assert replicas_needed(10 * res.sessions_at_slo + 1, res) == 11
+    assert replicas_needed(100, CapacityResult("p", 40, False)) == 3
+    assert replicas_needed(100, CapacityResult("p", 100, True)) == 1 and replicas_needed(5, CapacityResult("p", 0, False)) is None
 
 
 def test_quick_runs_the_cli(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
