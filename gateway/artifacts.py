@@ -8,6 +8,10 @@ With a folder (the state folder's `artifacts/`, beside the session store) each a
 the page cache: it survives the process like the store's commits do). A restart keeps the files of the
 sessions that are still live (`load`), within the bound, oldest dropped first, and removes the rest.
 Without a folder they live in memory and end with the process.
+
+With a shared store (several replicas over PostgreSQL: `shared`), every artifact is also written there,
+committed before the event naming it is sent, and one this replica does not hold (made on another, or
+before a takeover) is read from there (`fetch`); a session's artifacts leave it with the session.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from augmentations.base import Artifact
 
@@ -46,12 +51,23 @@ class Stored:
         return self.path.read_bytes()
 
 
+class SharedArtifacts(Protocol):
+    """Where replicas keep the artifacts each of them reads (`store_pg.PostgresStore`)."""
+
+    async def put_artifact(self, aid: str, sid: str, mime: str, data: bytes) -> None: ...
+
+    async def get_artifact(self, aid: str) -> tuple[str, str, bytes] | None: ...
+
+    async def delete_artifacts(self, sid: str) -> None: ...
+
+
 class ArtifactStore:
     """The index lives on the event loop; every file write, read, scan and removal runs in a thread
     (`asyncio.to_thread`), so a slow disk never stalls the server."""
 
-    def __init__(self, max_bytes: int, folder: Path | None = None, prefix: str = "/v1/artifacts/") -> None:
-        self.max_bytes, self.folder, self.prefix = max_bytes, folder, prefix
+    def __init__(self, max_bytes: int, folder: Path | None = None, prefix: str = "/v1/artifacts/",
+                 shared: SharedArtifacts | None = None) -> None:
+        self.max_bytes, self.folder, self.prefix, self.shared = max_bytes, folder, prefix, shared
         self._items: OrderedDict[str, Stored] = OrderedDict()
         self._bytes = 0
         if folder is not None:
@@ -63,6 +79,8 @@ class ArtifactStore:
         if size > self.max_bytes:
             raise ValueError(f"artifact of {size} bytes exceeds the store ({self.max_bytes})")
         aid = secrets.token_urlsafe(16) + "." + EXT.get(artifact.mime, "bin")
+        if self.shared is not None:
+            await self.shared.put_artifact(aid, session_id or NO_SESSION, artifact.mime, artifact.data)
         if self.folder is not None:
             path = self.folder / (session_id or NO_SESSION) / aid
             await asyncio.to_thread(_write, path, artifact.data)
@@ -74,6 +92,18 @@ class ArtifactStore:
 
     def get(self, aid: str) -> Stored | None:
         return self._items.get(aid)
+
+    async def fetch(self, aid: str) -> Stored | None:
+        """This replica's copy, else the shared store's (not kept here: it stays the other replica's to
+        bound)."""
+        item = self._items.get(aid)
+        if item is not None or self.shared is None:
+            return item
+        row = await self.shared.get_artifact(aid)
+        if row is None:
+            return None
+        sid, mime, data = row
+        return Stored(mime, len(data), None if sid == NO_SESSION else sid, time.time(), data=data)
 
     async def read(self, item: Stored) -> bytes:
         return item.data if item.data is not None else await asyncio.to_thread(item.read)
@@ -99,6 +129,8 @@ class ArtifactStore:
             await asyncio.to_thread(shutil.rmtree, self.folder / session_id, True)
         else:
             await self._unlink(paths)
+        if self.shared is not None:
+            await self.shared.delete_artifacts(session_id)
         return len(gone)
 
     def _add(self, aid: str, item: Stored) -> list[Path]:

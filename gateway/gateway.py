@@ -130,7 +130,9 @@ class Gateway:
             self._store = (await PostgresStore.open(url) if url is not None
                            else await asyncio.to_thread(SqliteStore, self.config.server.resolved_state_path()))
             self._artifacts = ArtifactStore(self.config.server.artifact_store_mb * 2**20,
-                                            self.state_dir / "artifacts" if self.state_dir is not None else None)
+                                            self.state_dir / "artifacts" if self.state_dir is not None else None,
+                                            # Replicas read each other's artifacts from the shared store.
+                                            shared=self._store if isinstance(self._store, PostgresStore) else None)
             self._table = SessionTable(self._store, on_removed=self._artifacts.drop_session)
             server = self.config.server
             if server.replica_id is not None:

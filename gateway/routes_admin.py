@@ -41,7 +41,7 @@ async def list_tools(request: web.Request) -> web.Response:
 @api.route("GET", "/v1/artifacts/{aid}", "An image or audio file a tool made", ok={200: "application/octet-stream"}, errors=(404,))
 async def get_artifact(request: web.Request) -> web.Response:
     """The URL is the capability (unguessable): no key or token needed, so an <img> can load it."""
-    item = gw_of(request).artifacts.get(request.match_info["aid"])
+    item = await gw_of(request).artifacts.fetch(request.match_info["aid"])
     if item is None:
         raise ApiError(404, "not_found", "no such artifact (it may have expired)")
     try:

@@ -62,10 +62,18 @@ CREATE TABLE IF NOT EXISTS infercept_replicas (
 );
 ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner TEXT;
 ALTER TABLE infercept_sessions ADD COLUMN IF NOT EXISTS owner_epoch BIGINT;
+CREATE TABLE IF NOT EXISTS infercept_artifacts (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    mime TEXT NOT NULL,
+    data BYTEA NOT NULL,
+    created DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX IF NOT EXISTS infercept_artifacts_by_session ON infercept_artifacts (session_id);
 """
-# The tables' shape within one schema version (2: replicas and session owners, added to version 1's
-# tables without changing what version 1 servers read).
-_REVISION = "2"
+# The tables' shape within one schema version (2: replicas and session owners; 3: artifacts; each added
+# to version 1's tables without changing what version 1 servers read).
+_REVISION = "3"
 
 
 async def _revision(db: Any) -> str | None:
@@ -234,6 +242,28 @@ class PostgresStore:
             rows = await db.fetch("SELECT id FROM infercept_sessions WHERE owner = $1" + (_AWAKE if awake_only else "")
                                   + " ORDER BY created", self.replica_id)
         return [r["id"] for r in rows]
+
+    # ------------------------------------------------------------------ artifacts every replica reads
+    async def put_artifact(self, aid: str, sid: str, mime: str, data: bytes) -> None:
+        """Keep an artifact (committed when the await returns, before the event naming it is sent)."""
+        async def fn(db: Conn) -> None:
+            await db.execute("INSERT INTO infercept_artifacts (id, session_id, mime, data, created) VALUES ($1, $2, $3, $4, $5) "
+                             "ON CONFLICT (id) DO NOTHING", aid, sid, mime, data, time.time())
+
+        await self._submit(fn)
+
+    async def get_artifact(self, aid: str) -> tuple[str, str, bytes] | None:
+        """(session id, mime, bytes), or None."""
+        self._check_open()
+        async with self._pool.acquire() as db:
+            row = await db.fetchrow("SELECT session_id, mime, data FROM infercept_artifacts WHERE id = $1", aid)
+        return None if row is None else (row["session_id"], row["mime"], bytes(row["data"]))
+
+    async def delete_artifacts(self, sid: str) -> None:
+        async def fn(db: Conn) -> None:
+            await db.execute("DELETE FROM infercept_artifacts WHERE session_id = $1", sid)
+
+        await self._submit(fn)
 
     def _require_joined(self) -> None:
         if self.replica_id is None:

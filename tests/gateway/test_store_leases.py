@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import pytest_asyncio
@@ -193,3 +194,27 @@ async def test_opening_a_store_on_existing_tables_takes_no_table_lock(db_url: st
     finally:
         await holder.close()
         await first.close()
+
+
+async def test_replicas_read_each_others_artifacts_from_the_shared_store(db_url: str, tmp_path: Path) -> None:  # noqa: F811
+    """An image made on one replica is served by another (after a takeover, or through the balancer),
+    and leaves the shared store with its session."""
+    from augmentations.base import Artifact
+    from gateway.artifacts import ArtifactStore
+
+    a, b = await PostgresStore.open(db_url), await PostgresStore.open(db_url)
+    try:
+        mine = ArtifactStore(2**20, tmp_path / "a", shared=a)
+        theirs = ArtifactStore(2**20, None, shared=b)
+        url = await mine.put(Artifact("image", "image/png", b"\x89PNG fake"), "sess-1")
+        aid = url.rsplit("/", 1)[1]
+        got = await theirs.fetch(aid)
+        assert got is not None and (got.mime, got.session_id, await theirs.read(got)) == ("image/png", "sess-1", b"\x89PNG fake")
+        assert len(theirs) == 0  # read through, not kept: the maker bounds its own
+        assert await theirs.fetch("nope.png") is None
+        await theirs.drop_session("sess-1")  # the session ended on the other replica
+        assert await theirs.fetch(aid) is None and await b.get_artifact(aid) is None
+        assert (await mine.fetch(aid)) is not None  # the maker's own copy until its session ends there
+    finally:
+        await a.close()
+        await b.close()
