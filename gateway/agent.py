@@ -255,12 +255,7 @@ class AgentSession:
         recomputed. False: it is not waiting, or the commit failed (it stays, nothing lost)."""
         if self.state == "closed" or self.busy or not self.waiting_for_outside:
             return False
-        if self.pending is not None and self._task is not None:
-            task, self._task = self._task, None  # the loop waits on the outside: the pending call is kept
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
-            self.pending.future = None  # answered later through `launch_after`, as after a restart
+        state, pending = self.state, self.pending
         self.hibernated = True
         try:
             await self.commit()
@@ -271,7 +266,20 @@ class AgentSession:
             self.hibernated = False
             log.exception("session %s could not be committed for hibernation: it stays in memory", self.id)
             return False
+        if self.state != state or self.pending is not pending:
+            # Something happened while the commit ran (an answer arrived, a turn began): it stays; its
+            # next commit says so.
+            self.hibernated = False
+            return False
+        # From here on nothing awaits until the session is closed.
+        task, self._task = self._task, None
+        if pending is not None:
+            pending.future = None  # the pending call is kept: answered later through `launch_after`
         self.state = "closed"
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
         await self.es.close()
         return True
 

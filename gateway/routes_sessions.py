@@ -163,8 +163,9 @@ async def post_message(request: web.Request) -> web.StreamResponse:
     """A new question, or the answer to a pending AskHuman. Streams token, tool_call, intercept,
     tool_result, resume, ... then done or error (`stream: false`: one JSON body with every event)."""
     gw = gw_of(request)
-    s = await session_of(request)
     body = await parse(request, PostMessage)
+    # Resolved with no await before the turn starts: a session cannot leave memory in between.
+    s = await session_of(request)
     content = message_content(gw, body.content)
     if not content.strip():
         raise ApiError(400, "invalid_request", "'content' is empty")
@@ -177,8 +178,8 @@ async def post_message(request: web.Request) -> web.StreamResponse:
            ok={200: MessageResult}, errors=TURN_ERRORS, session=True, events=EVENTS)
 async def post_tool_result(request: web.Request) -> web.StreamResponse:
     gw = gw_of(request)
-    s = await session_of(request)
     body = await parse(request, PostToolResult)
+    s = await session_of(request)  # no await before the turn starts (see post_message)
     content = message_content(gw, body.content)
     gw.admit_turn()
     return await respond(request, gw, lambda: s.send_tool_result(body.call_id, content), body.stream, "tool_results")

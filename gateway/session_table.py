@@ -39,7 +39,8 @@ class SessionTable:
         self.on_removed = on_removed  # called with the id of each session removed for good (its artifacts go)
         self.skipped = 0  # stored sessions the last restore_all could not read back
         self._background: set[asyncio.Future[None]] = set()
-        self._taking: dict[str, asyncio.Lock] = {}  # sessions being read back (one restore each)
+        # Sessions being read back (one restore each): the lock and how many requests use it.
+        self._taking: dict[str, tuple[asyncio.Lock, int]] = {}
         self._leaving: set[str] = set()  # sessions on their way out of memory (`_hibernate`)
 
     @property
@@ -135,7 +136,8 @@ class SessionTable:
         if sid.startswith(EPHEMERAL_PREFIX):
             raise ApiError(404, "not_found", f"no session {sid!r}")
         replica = self.replica
-        lock = self._taking.setdefault(sid, asyncio.Lock())
+        lock, users = self._taking.get(sid, (asyncio.Lock(), 0))
+        self._taking[sid] = (lock, users + 1)  # dropped when its last user is done, not when it is free
         try:
             async with lock:
                 if sid in self.live:
@@ -158,7 +160,7 @@ class SessionTable:
                         after = "restart"  # stored, not hibernated, not in memory: its restore was skipped
                     if max_live is not None:
                         await self.make_room(max_live)
-                    if not await self._restore_one(ctx, sid, after):
+                    if not await self._restore_one(ctx, sid, after, touch=True):
                         raise ApiError(404, "not_found", f"session {sid!r} cannot be served by this server's model")
                 except StoreError as e:
                     raise store_unavailable(e) from e
@@ -170,8 +172,11 @@ class SessionTable:
                     ctx.metrics.sessions_rehydrated.inc()
                 return self.get(sid, token)
         finally:
-            if not lock.locked():
-                self._taking.pop(sid, None)
+            lock, users = self._taking[sid]
+            if users <= 1:
+                del self._taking[sid]
+            else:
+                self._taking[sid] = (lock, users - 1)
 
     async def make_room(self, max_live: int) -> None:
         """Hibernate the least recently active idle sessions until fewer than `max_live` are in memory;
@@ -214,7 +219,7 @@ class SessionTable:
         artifacts too), as live ones are by `expire_idle`."""
         n = 0
         for sid in await self.store.hibernated_before(time.time() - idle_s):
-            if sid in self.live:
+            if sid in self.live or sid in self._taking:  # back in memory, or on its way
                 continue
             try:
                 replica = self.replica
@@ -245,12 +250,16 @@ class SessionTable:
                 await asyncio.shield(self._remove(sid))
 
     async def _remove(self, sid: str) -> None:
+        fenced = False
         try:
             await self.store.delete(sid)
+        except Fenced:
+            fenced = True  # another replica owns the session now: its artifacts are not this replica's
+            raise
         except StoreError as e:
             raise store_unavailable(e) from e
         finally:
-            if self.on_removed is not None:
+            if self.on_removed is not None and not fenced:
                 try:
                     await self.on_removed(sid)
                 except Exception:
@@ -302,7 +311,7 @@ class SessionTable:
                 log.exception("session %s could not be read back from the store: skipped (left stored)", sid)
         return restored
 
-    async def _restore_one(self, ctx: AgentContext, sid: str, after: str = "restart") -> int:
+    async def _restore_one(self, ctx: AgentContext, sid: str, after: str = "restart", touch: bool = False) -> int:
         stored = await self.store.get(sid)
         if stored is None:
             return 0
@@ -325,6 +334,8 @@ class SessionTable:
         except BaseException:
             await es.close()  # the engine session opened for it is not left behind
             raise
+        if touch:
+            s.touch()  # read back for a request: in use now, not the first to leave memory again
         self.live[sid] = s
         s.on_fenced = self._forget
         with contextlib.suppress(Exception):

@@ -285,12 +285,15 @@ class InterceptCore:
             if rid == head:
                 continue
             e = self.entries.get(rid)
-            if e is not None:  # a finished swap-in not yet scheduled: it is recomputed instead
-                self._expect(e, KvState.LOADED)
+            if e is not None and e.state is KvState.LOADED:  # a finished swap-in: recomputed instead
                 if e.host is not None:
                     self._drop_host(e)
                 e.state = KvState.RECOMPUTE_QUEUED
                 self._moved(e, now)
+            elif e is not None and e.state is not KvState.RECOMPUTE_QUEUED:
+                continue  # (no other resumed state holds blocks while ready) not this core's to judge
+            # RECOMPUTE_QUEUED with blocks: a prefix loaded from a host tier (vllm-offload's connector);
+            # it is recomputed from what the prefix cache still holds.
             self.kv.evict_waiting(rid)
             self.ledger.totals.waiting_evictions += 1
 

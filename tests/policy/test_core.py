@@ -618,3 +618,17 @@ def test_an_evicted_finished_swap_in_is_recomputed_and_its_host_copy_freed() -> 
     assert core.swap is not None and core.swap.slots.num_free == 32
     core.scheduled([("a", 0)], 6 * BLOCK)
     assert e.record.restored_by is RestoredBy.RECOMPUTE and e.record.tokens_recomputed == 6 * BLOCK
+
+
+def test_a_resumed_request_whose_prefix_came_from_a_host_tier_can_be_evicted_too() -> None:
+    """Under vllm-offload a freed context's resume loads a prefix from the host tier: the request then
+    waits holding blocks while its entry is still RECOMPUTE_QUEUED. Evicting it must not fail."""
+    pool = Pool(blocks=20)
+    core = make("discard", pool)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)  # freed at the pause
+    assert core.resume("a", 1.0, 99.0).kind is ResumeKind.RECOMPUTE
+    pool.alloc("a", 6 * BLOCK)  # its prefix loaded back, as the offloading connector does
+    pool.alloc("b", 12 * BLOCK)
+    pool.ready = ["b", "a"]
+    step(core, pool, 1.01, StepView(blocks_needed=4, head_waiting="b", head_blocks=4, running_requests=0))
+    assert pool.evicted == ["a"] and core.entries["a"].state is KvState.RECOMPUTE_QUEUED
