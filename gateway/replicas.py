@@ -7,7 +7,7 @@ takeover. Only one hop: a forwarded request (it carries `FORWARDED_BY`) is serve
 that replica does not own the session it answers 503 and the client retries, so replicas that disagree
 for a moment cannot bounce a request between them. The ownership rules themselves (leases, claims,
 fencing) are the store's (`gateway/store_pg.py`); taking a session over is the table's
-(`SessionTable.take_over`).
+(`SessionTable.find`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from gateway.agent import AgentSession
 from gateway.context import AgentContext
 from gateway.durable import check_format, fold, token_matches
 from gateway.http import ApiError
-from gateway.store import Fenced, SessionStore, StoreError
+from gateway.store import Fenced, SessionStore, StoredSession, StoreError
 from gateway.store_pg import PostgresStore
 
 log = logging.getLogger("infercept.gateway")
@@ -160,7 +160,9 @@ class SessionTable:
                         after = "restart"  # stored, not hibernated, not in memory: its restore was skipped
                     if max_live is not None:
                         await self.make_room(max_live)
-                    if not await self._restore_one(ctx, sid, after, touch=True):
+                    # Without replicas the row just read is current (this server is its only writer); a
+                    # replica reads it again after its claim, which fenced the previous owner's writes.
+                    if not await self._restore_one(ctx, sid, after, touch=True, stored=stored if replica is None else None):
                         raise ApiError(404, "not_found", f"session {sid!r} cannot be served by this server's model")
                 except StoreError as e:
                     raise store_unavailable(e) from e
@@ -296,7 +298,7 @@ class SessionTable:
         restored, self.skipped = 0, 0
         replica = self.replica
         # A replica reads back the sessions it owned (in any earlier incarnation); the others' are theirs,
-        # or are taken over one by one when a request for one arrives (`take_over`).
+        # or are taken over one by one when a request for one arrives (`find`).
         for sid in await (replica.owned(awake_only=True) if replica is not None else self.store.list(awake_only=True)):
             if sid in self.live:
                 continue
@@ -311,8 +313,10 @@ class SessionTable:
                 log.exception("session %s could not be read back from the store: skipped (left stored)", sid)
         return restored
 
-    async def _restore_one(self, ctx: AgentContext, sid: str, after: str = "restart", touch: bool = False) -> int:
-        stored = await self.store.get(sid)
+    async def _restore_one(self, ctx: AgentContext, sid: str, after: str = "restart", touch: bool = False,
+                           stored: StoredSession | None = None) -> int:
+        """Read `sid` back into memory (`stored`: its row, if the caller holds a current one)."""
+        stored = stored or await self.store.get(sid)
         if stored is None:
             return 0
         check_format(stored.head)
