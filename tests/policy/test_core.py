@@ -249,17 +249,20 @@ def test_infercept_swaps_long_calls_and_keeps_short_ones() -> None:
     pause(core, pool, "calc", 4 * BLOCK, now=0.0, aug="math", expected=0.0001)
     pause(core, pool, "tts", 4 * BLOCK, now=0.0, aug="tts", expected=20.0)
     assert core.entries["tts"].state is KvState.PRESERVED  # decided per iteration, not at the pause
-    budget = core.before_schedule(lambda: StepView(0, None, running_requests=2, running_tokens=200), 0.001)
+    view = StepView(0, None, running_requests=2, running_tokens=200)
+    budget = core.before_schedule(lambda: view, 0.001)
     assert budget == PROFILE.saturation_tokens  # iterations capped at S: chunked recompute
+    # Held one copy round trip first (4 blocks out and back at 3 blocks per 10 ms: 27 ms), then swapped.
+    assert core.entries["tts"].state is KvState.PRESERVED
+    core.before_schedule(lambda: view, 0.027)
     assert core.entries["tts"].state is KvState.SWAPPING_OUT and core.entries["calc"].state is KvState.PRESERVED
 
 
-@pytest.mark.parametrize("policy", ["infercept-paper", "infercept"])
-def test_a_long_call_pausing_while_a_copy_takes_the_budget(policy: str) -> None:
+def test_the_paper_recomputes_a_long_call_pausing_while_a_copy_takes_the_budget() -> None:
     """The paper compares a discard against preserving for the whole call, so a long call that pauses while
-    copies take the swap budget is recomputed; `infercept` holds it until the budget reaches it."""
+    copies take the swap budget is recomputed (`infercept` holds it until the budget reaches it: below)."""
     pool = Pool()
-    core = make(policy, pool)
+    core = make("infercept-paper", pool)
     busy = StepView(0, None, running_requests=2, running_tokens=2000)
     pause(core, pool, "a", 6 * BLOCK, now=0.0)
     step(core, pool, 0.001, busy)  # a's copy starts: 3 of its 6 blocks
@@ -273,14 +276,34 @@ def test_a_long_call_pausing_while_a_copy_takes_the_budget(policy: str) -> None:
     # What the decision was told: a's 3 blocks still to copy ahead of b, N_i = 3 blocks, no budget left.
     (inp,) = seen
     assert (inp.swap_queue_tokens, inp.swap_limit_tokens, inp.swap_out_budget_tokens) == (3 * BLOCK, 3 * BLOCK, 0)
+    assert core.entries["b"].state is KvState.DISCARDED
+
+
+def test_infercept_holds_a_long_call_until_the_swap_budget_reaches_it() -> None:
+    pool = Pool()
+    core = make("infercept", pool)
+    busy = StepView(0, None, running_requests=2, running_tokens=2000)
+    # a: 12 blocks (a 4-step copy, 80 ms round trip); b: 4 blocks (27 ms), paused while a's hold runs.
+    pause(core, pool, "a", 12 * BLOCK, now=0.0)
+    pause(core, pool, "b", 4 * BLOCK, now=0.07)
+    step(core, pool, 0.081, busy)  # a's hold is over: its copy starts (3 of 12 blocks); b is still held
+    assert core.entries["a"].state is KvState.SWAPPING_OUT and core.entries["b"].state is KvState.PRESERVED
+    step(core, pool, 0.091, busy)  # 6 of 12
+    seen = []
+    decide = core.spec.decide
+    assert decide is not None
+    core.spec = dataclasses.replace(core.spec, decide=lambda inp: seen.append(inp) or decide(inp))
+    step(core, pool, 0.101, busy)  # b's hold is over, but a's next 3 blocks take this step's whole budget
+    # What the decision was told: a's 6 blocks still to copy ahead of b, N_i = 3 blocks, no budget left.
+    (inp,) = seen
+    assert (inp.swap_queue_tokens, inp.swap_limit_tokens, inp.swap_out_budget_tokens) == (6 * BLOCK, 3 * BLOCK, 0)
     b = core.entries["b"]
-    if policy == "infercept-paper":
-        assert b.state is KvState.DISCARDED
-        return
+    assert b.state is KvState.PRESERVED  # waits for the budget instead of being recomputed
+    step(core, pool, 0.111, busy)  # a's last 3 blocks
     assert b.state is KvState.PRESERVED and core.entries["a"].state is KvState.SWAPPED
-    c = step(core, pool, 0.004, busy)  # the budget is free again: b's copy starts
+    c = step(core, pool, 0.121, busy)  # the budget is free again: b's copy starts
     assert b.state is KvState.SWAPPING_OUT and len(c.swap_out) == 3
-    step(core, pool, 0.005, busy)
+    step(core, pool, 0.131, busy)
     assert b.state is KvState.SWAPPED and b.record.kv_fate is Fate.SWAP
 
 

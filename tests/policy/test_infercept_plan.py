@@ -7,7 +7,19 @@ import dataclasses
 import pytest
 
 from engine_adapter.intercept.swap import SlotPool
-from engine_adapter.policy.decide import PausedCost, SwapQueue, infercept_plan, min_waste, min_waste_deferred
+from engine_adapter.policy.decide import (
+    DecisionInput,
+    PausedCost,
+    PausedView,
+    StepDecision,
+    SwapQueue,
+    infercept_plan,
+    min_waste,
+    min_waste_deferred,
+    paused_costs,
+    renting,
+)
+from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.waste import (
     waste_chunked_discard_byte_s,
@@ -164,3 +176,40 @@ def test_min_waste_deferred_is_infercepts_decision_and_the_paper_keeps_its_rule(
 
     assert policy_spec("infercept").decide is min_waste_deferred
     assert policy_spec("infercept-paper").decide is min_waste
+
+
+# ---------------------------------------------------------------- the ski-rental hold (`infercept`)
+def decision_input(paused_at_s: float, *, ctx: int = 2000, budget_tokens: int = 100_000) -> DecisionInput:
+    # A short-call type whose mean residual at the pause (0.09 s) outlasts the copy's round trip (2 MB each way
+    # at 1 GB/s: 4 ms) plus a forward (20 ms), so a swap looks worthwhile from the estimate alone.
+    est = DurationEstimator(priors={"ve": (0.09, 0.2)})
+    view = PausedView("r", "ve", context_tokens=ctx, paused_at_s=paused_at_s, expected_duration_s=None)
+    return DecisionInput(now_s=1.0, paused=[view], profile=P, estimator=est, block_size=BLOCK, running_tokens=4000,
+                         running_requests=8, last_batch_tokens=64, swap_out_budget_tokens=budget_tokens,
+                         host_free_blocks=10_000, prefix_caching=False, swap_queue_tokens=0, swap_limit_tokens=1600)
+
+
+def test_a_call_is_held_one_round_trip_before_it_may_be_swapped_or_discarded() -> None:
+    round_trip = P.t_swap_out_s(2000) + P.t_swap_in_s(2000)
+    at_pause = decision_input(paused_at_s=1.0)
+    (c,) = paused_costs(at_pause)
+    assert c.swap_worthwhile and c.round_trip_s == pytest.approx(round_trip) and renting(c)
+    # The paper's rule with this estimate swaps it at once; infercept keeps it (neither swapped nor discarded).
+    assert min_waste(at_pause).swap_out == ["r"]
+    assert min_waste_deferred(at_pause) == StepDecision()
+    # Even with no swap budget at all, where the paper's rule would weigh a discard.
+    assert min_waste_deferred(decision_input(paused_at_s=1.0, budget_tokens=0)) == StepDecision()
+    # Held one round trip: the min-waste choice applies again (the call outlasted the round trip, so its
+    # expected remaining time is still worth a swap).
+    later = decision_input(paused_at_s=1.0 - round_trip)
+    (c,) = paused_costs(later)
+    assert not renting(c) and min_waste_deferred(later).swap_out == ["r"]
+
+
+def test_a_call_not_worth_a_swap_is_decided_at_the_pause_as_before() -> None:
+    # A 40-token context of a 1 ms call: its swap never pays, so there is no hold; the plan is the same with or
+    # without the filter (preserved: its waste is tiny).
+    inp = dataclasses.replace(decision_input(paused_at_s=1.0), estimator=DurationEstimator(priors={"ve": (0.001, 0.0)}))
+    (c,) = paused_costs(inp)
+    assert not c.swap_worthwhile and not renting(c)
+    assert min_waste_deferred(inp) == StepDecision()
