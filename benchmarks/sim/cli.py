@@ -42,6 +42,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", help="requests/s, comma-separated")
     p.add_argument("--duration", type=float, help="seconds of arrivals per rate")
     p.add_argument("--drain", type=float, help="seconds after the last arrival before the cutoff")
+    p.add_argument("--link-gbps", type=float, help="--paper, --quick and sweeps on a derived GPU profile: the host link swaps go over, GB/s (default: the profile's PCIe rate, "
+                                                   "25.2 GB/s on the A100 profiles)")
     p.add_argument("--seeds", help="comma-separated workload seeds (default 1,2,3 as the bench; --quick and --sessions: 1)")
     p.add_argument("--token-budget", type=int,
                    help="max tokens per step (max_num_batched_tokens) for every policy (default: S from the profile; "
@@ -102,6 +104,7 @@ def _paper_run(args: argparse.Namespace, model: str, quick: bool = False) -> Any
     run.duration_s = args.duration or (60.0 if quick else run.duration_s)
     run.drain_s = args.drain or (120.0 if quick else run.drain_s)
     run.token_budget = args.token_budget
+    run.link_gbps = args.link_gbps
     return run
 
 
@@ -122,6 +125,13 @@ def main(args: argparse.Namespace) -> int:
     from infercept.benchmarks.sim.report import table
 
     t0 = time.time()
+    if args.link_gbps is not None and (args.validate or args.like or args.sensitivity or args.sessions):
+        print("error: --link-gbps is for sweeps on a derived GPU profile (--paper, --quick, --profile); a bench's setting "
+              "carries its own link, and --sensitivity sweeps it", file=sys.stderr)
+        return 2
+    if args.link_gbps is not None and not args.link_gbps > 0:
+        print("error: --link-gbps must be a positive number of GB/s", file=sys.stderr)
+        return 2
     if args.validate:
         from infercept.benchmarks.sim.validate import print_validation, validate
 

@@ -63,6 +63,7 @@ class PaperRun:
     seeds: tuple[int, ...] = (1, 2, 3)  # the bench's
     policies: tuple[str, ...] = ALL_POLICIES
     token_budget: int | None = None  # None: S from the profile
+    link_gbps: float | None = None  # host link for swaps and the policies' view of it (None: the profile's PCIe rate)
     max_num_seqs: int = 256
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -71,7 +72,7 @@ class PaperRun:
         kv = int(prof.extra["kv_capacity_tokens"])
         block = 16
         s = make_setting(model=self.model, dtype="bfloat16", block_size=block, kv_tokens=kv // block * block,
-                         max_model_len=4096, max_num_seqs=self.max_num_seqs, swap_space_gib=128.0, swap_link_gbps=None,
+                         max_model_len=4096, max_num_seqs=self.max_num_seqs, swap_space_gib=128.0, swap_link_gbps=self.link_gbps,
                          time_scale=1.0, context_scale=1.0, max_context=3500, drain_s=self.drain_s)
         budget = self.token_budget or prof.saturation_tokens
         kw: dict[str, Any] = {"token_budget": {p: budget for p in self.policies}, "default_budget": budget,

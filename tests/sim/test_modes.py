@@ -261,3 +261,24 @@ def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path:
     assert v["cost_model"]["host_per_request_s"] == v["cost_model"]["host_fit"]["host_per_request_s"]
     with pytest.raises(ValueError, match="unknown policy"):
         like_bench(bench, ["nope"], [1.0], [5], verbose=False)
+
+
+def test_paper_run_link_and_a_bound_with_more_sessions_than_budget_tokens(tmp_path: Path) -> None:
+    # --link-gbps: the policies' profile (budgets, round trips) and the simulated copies use that link.
+    bench = PaperRun(link_gbps=10.0, token_budget=512).bench(tmp_path / "a")
+    assert bench.setting.swap_link_gbps == 10.0
+    assert bench.engine("infercept").core.profile.swap_out_bytes_per_s == pytest.approx(10e9)
+    assert PaperRun().bench(tmp_path / "b").engine("infercept").core.profile.swap_out_bytes_per_s == pytest.approx(25.2e9)
+    # A slot per session for the bound even past the token budget (vLLM would refuse the config; the
+    # simulated bound must not run short of slots), while the policies keep the setting's slots.
+    bench.setting.unlimited_kv_slots = 5000
+    assert bench.engine("unlimited-kv").sched.max_num_seqs >= 5000
+    assert bench.engine("infercept").sched.max_num_seqs == bench.setting.max_num_seqs
+
+
+def test_link_gbps_is_refused_where_the_setting_has_its_own(capsys: pytest.CaptureFixture[str]) -> None:
+    from infercept.benchmarks.sim.cli import build_parser, main
+
+    assert main(build_parser().parse_args(["--like", "x.json", "--link-gbps", "10"])) == 2
+    assert "--link-gbps is for sweeps" in capsys.readouterr().err
+    assert main(build_parser().parse_args(["--paper", "--link-gbps", "0"])) == 2
