@@ -266,8 +266,9 @@ def min_waste_deferred(inp: DecisionInput) -> StepDecision:
       in most iterations, so that rule recomputed most long calls that paused meanwhile;
     * a request is kept, neither swapped nor discarded, while it is `renting`: at paper scale (GPT-J-6B,
       A100 profile) swapping short ALFWorld calls at the pause used up the swap budget and the long
-      calls that then missed it were recomputed (the max rate at the SLO 3.5 req/s against 4.0 with
-      the hold, seed 1; `results/sim/paper_scale.json`)."""
+      calls that then missed it were recomputed (the max rate at the SLO 3.75 req/s against 4.0 with
+      the hold, median of three seeds: `results/sim/paper_ranking/infercept_without_hold.json` and
+      `results/sim/paper_scale.json`)."""
     queue = SwapQueue(
         tokens_ahead=inp.swap_queue_tokens, limit_tokens=inp.swap_limit_tokens,
         step_s=inp.profile.t_fwd_s(max(1, inp.last_batch_tokens)), block_size=inp.block_size,
