@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
@@ -125,12 +126,15 @@ def main(args: argparse.Namespace) -> int:
     from infercept.benchmarks.sim.report import table
 
     t0 = time.time()
-    if args.link_gbps is not None and (args.validate or args.like or args.sensitivity or args.sessions):
-        print("error: --link-gbps is for sweeps on a derived GPU profile (--paper, --quick, --profile); a bench's setting "
-              "carries its own link, and --sensitivity sweeps it", file=sys.stderr)
+    if args.sessions is not None and args.sessions <= 0:
+        print("error: --sessions must be a positive number of sessions", file=sys.stderr)
         return 2
-    if args.link_gbps is not None and not args.link_gbps > 0:
-        print("error: --link-gbps must be a positive number of GB/s", file=sys.stderr)
+    if args.link_gbps is not None and (args.validate or args.like or args.sensitivity or args.sessions is not None):
+        print("error: --link-gbps is for sweeps on a derived GPU profile (--paper, --quick, --profile); a bench's setting "
+              "carries its own link, --sensitivity sweeps it, and --sessions plans on the profile's", file=sys.stderr)
+        return 2
+    if args.link_gbps is not None and not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
+        print("error: --link-gbps must be a positive, finite number of GB/s", file=sys.stderr)
         return 2
     if args.validate:
         from infercept.benchmarks.sim.validate import print_validation, validate
@@ -174,7 +178,7 @@ def main(args: argparse.Namespace) -> int:
         res = {"command": _command(), **res}
         print(sens.table(res))
         _write(res, Path(args.out or "results/sim/sensitivity.json"))
-    elif args.sessions:
+    elif args.sessions is not None:
         from infercept.benchmarks.sim.capacity import capacity
         from infercept.benchmarks.sim.paper import PAPER_PROFILES, PaperRun, paper_model
 

@@ -92,7 +92,7 @@ def run_paper(p: PaperRun, verbose: bool = True) -> dict[str, Any]:
         "model": p.model, "profile": f"configs/profiles/{PAPER_PROFILES[p.model].name}", "profile_source": sb.profile.source,
         "saturation_tokens": sb.profile.saturation_tokens, "kv_capacity_tokens": s.kv_tokens, "block_size": s.block_size,
         "max_num_seqs": s.max_num_seqs, "max_model_len": s.max_model_len, "swap_space_gib": s.swap_space_gib,
-        "swap_bytes_per_s": sb.profile.swap_out_bytes_per_s, "kv_bytes_per_token": sb.profile.kv_bytes_per_token, "time_scale": s.time_scale, "drain_s": s.drain_s,
+        "swap_bytes_per_s": s.swap_link_gbps * 1e9 if s.swap_link_gbps else sb.profile.swap_out_bytes_per_s, "kv_bytes_per_token": sb.profile.kv_bytes_per_token, "time_scale": s.time_scale, "drain_s": s.drain_s,
         "ttl_s": dict(DEFAULT_TTL_S), "unlimited_kv_tokens": s.unlimited_kv_tokens,
         "unlimited_kv_extra_slots": sb.unlimited_slots,
     }

@@ -8,8 +8,9 @@ shared by the engine's intercept core and the simulator.
 * `min_waste`: the paper's per-iteration choice (Eq. 2, 4, 5): swap out the paused requests that would
   waste the most within the swap-out budget, preserve or discard the rest, whichever wastes less.
 * `min_waste_deferred`: the same, but a request that only missed this iteration's swap budget waits
-  for a later one when holding it until then wastes less than recomputing it, and none is swapped or
-  discarded before it has been held one copy round trip (`renting`) (`infercept`).
+  for a later one when holding it until then wastes less than recomputing it, and a request whose swap
+  would pay off is held one copy round trip before it may be swapped or discarded (`renting`)
+  (`infercept`).
 """
 
 from __future__ import annotations
@@ -242,9 +243,11 @@ def min_waste(inp: DecisionInput) -> StepDecision:
     return infercept_plan(paused_costs(inp), inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks)
 
 
-def renting(c: PausedCost) -> bool:
+def renting(c: PausedCost, host_free_blocks: int) -> bool:
     """Whether a paused request is still in its ski-rental hold: its swap would pay off (the call is
-    expected to outlast the copy's round trip) but it has been held idle for less than that round trip.
+    expected to outlast the copy's round trip, and the host buffer has room for it now) but it has been
+    held idle for less than that round trip. Without room there is no swap to rent towards: the
+    min-waste choice (preserve or discard) applies at once.
 
     Why hold it: keeping the KV one round trip costs at most the memory-time the swap itself costs
     (C x M x the round trip), so a call that turns out long costs at most twice its swap (the
@@ -255,7 +258,7 @@ def renting(c: PausedCost) -> bool:
     before it (ALFWorld at 25 GB/s: most calls ~0.09 s, round trips 48-80 ms). The paper's elapsed-time
     estimate has this hold built in (its remaining time is 0 at the pause); here the profile's link
     sets it, whatever the estimator."""
-    return c.swap_worthwhile and c.held_s < c.round_trip_s
+    return c.swap_worthwhile and c.context_blocks <= host_free_blocks and c.held_s < c.round_trip_s
 
 
 def min_waste_deferred(inp: DecisionInput) -> StepDecision:
@@ -264,7 +267,8 @@ def min_waste_deferred(inp: DecisionInput) -> StepDecision:
       a recompute (`infercept_plan` with a `SwapQueue`). The paper compares a discard against
       preserving for the whole call; with a budget sized to the forward window, copies are under way
       in most iterations, so that rule recomputed most long calls that paused meanwhile;
-    * a request is kept, neither swapped nor discarded, while it is `renting`: at paper scale (GPT-J-6B,
+    * a request whose swap would pay off is kept, neither swapped nor discarded, while it is `renting`
+      (memory pressure still demotes it: `InterceptCore.demote`): at paper scale (GPT-J-6B,
       A100 profile) swapping short ALFWorld calls at the pause used up the swap budget and the long
       calls that then missed it were recomputed (the max rate at the SLO 3.75 req/s against 4.0 with
       the hold, median of three seeds: `results/sim/paper_ranking/infercept_without_hold.json` and
@@ -273,7 +277,7 @@ def min_waste_deferred(inp: DecisionInput) -> StepDecision:
         tokens_ahead=inp.swap_queue_tokens, limit_tokens=inp.swap_limit_tokens,
         step_s=inp.profile.t_fwd_s(max(1, inp.last_batch_tokens)), block_size=inp.block_size,
     )
-    costs = [c for c in paused_costs(inp) if not renting(c)]
+    costs = [c for c in paused_costs(inp) if not renting(c, inp.host_free_blocks)]
     return infercept_plan(costs, inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks, queue)
 
 

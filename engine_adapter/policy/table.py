@@ -134,7 +134,7 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.PRESERVE, swap=True, decide=swap_long_calls, chunk_at_saturation=True, estimator="dynamic"),
     PolicySpec("infercept-paper", "per iteration, the paper's min-waste choice (Eq. 2, 4, 5) with its elapsed-time estimate of the call's remaining time",
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
-    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; a call is held one copy round trip before it may be swapped or discarded (short calls are never copied); under memory pressure, preserved KV is swapped out rather than freed",
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; a call worth a swap is held one copy round trip before it may be swapped or discarded (calls shorter than that are not copied unless memory runs short); under memory pressure, preserved KV is swapped out rather than freed",
                Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True),
     # Issue 33, first step: scheduling for agents. The per-iteration choice is infercept's; what changes is
     # who waits. A resumed request whose KV went is queued at its return (vLLM's place for it), and new

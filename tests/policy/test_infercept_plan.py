@@ -193,17 +193,25 @@ def test_a_call_is_held_one_round_trip_before_it_may_be_swapped_or_discarded() -
     round_trip = P.t_swap_out_s(2000) + P.t_swap_in_s(2000)
     at_pause = decision_input(paused_at_s=1.0)
     (c,) = paused_costs(at_pause)
-    assert c.swap_worthwhile and c.round_trip_s == pytest.approx(round_trip) and renting(c)
+    assert c.swap_worthwhile and c.round_trip_s == pytest.approx(round_trip) and renting(c, 10_000)
     # The paper's rule with this estimate swaps it at once; infercept keeps it (neither swapped nor discarded).
     assert min_waste(at_pause).swap_out == ["r"]
     assert min_waste_deferred(at_pause) == StepDecision()
-    # Even with no swap budget at all, where the paper's rule would weigh a discard.
-    assert min_waste_deferred(decision_input(paused_at_s=1.0, budget_tokens=0)) == StepDecision()
+    # A long call with no swap budget at all: the paper's rule discards it (a recompute wastes less than
+    # preserving for the whole expected call); infercept holds it first.
+    no_budget = dataclasses.replace(decision_input(paused_at_s=1.0, budget_tokens=0),
+                                    estimator=DurationEstimator(priors={"ve": (30.0, 30.0)}))
+    assert min_waste(no_budget).discard == ["r"]
+    assert min_waste_deferred(no_budget) == StepDecision()
+    # No room in the host buffer: there is no swap to hold out for, so the min-waste choice applies at once.
+    no_host = dataclasses.replace(no_budget, host_free_blocks=10)
+    (c,) = paused_costs(no_host)
+    assert not renting(c, 10) and min_waste_deferred(no_host) == min_waste(no_host)
     # Held one round trip: the min-waste choice applies again (the call outlasted the round trip, so its
     # expected remaining time is still worth a swap).
     later = decision_input(paused_at_s=1.0 - round_trip)
     (c,) = paused_costs(later)
-    assert not renting(c) and min_waste_deferred(later).swap_out == ["r"]
+    assert not renting(c, 10_000) and min_waste_deferred(later).swap_out == ["r"]
 
 
 def test_a_call_not_worth_a_swap_is_decided_at_the_pause_as_before() -> None:
@@ -211,5 +219,15 @@ def test_a_call_not_worth_a_swap_is_decided_at_the_pause_as_before() -> None:
     # without the filter (preserved: its waste is tiny).
     inp = dataclasses.replace(decision_input(paused_at_s=1.0), estimator=DurationEstimator(priors={"ve": (0.001, 0.0)}))
     (c,) = paused_costs(inp)
-    assert not c.swap_worthwhile and not renting(c)
+    assert not c.swap_worthwhile and not renting(c, 10_000)
     assert min_waste_deferred(inp) == StepDecision()
+
+
+def test_a_held_request_leaves_the_budget_to_the_others() -> None:
+    # Two paused requests of the same type and context: one paused now (held), one a round trip ago. The
+    # budget fits one copy: it goes to the one whose hold is over, and the held one is not deferred or discarded.
+    round_trip = P.t_swap_out_s(2000) + P.t_swap_in_s(2000)
+    inp = decision_input(paused_at_s=1.0, budget_tokens=2000)
+    old = PausedView("old", "ve", context_tokens=2000, paused_at_s=1.0 - round_trip, expected_duration_s=None)
+    inp = dataclasses.replace(inp, paused=[*inp.paused, old])
+    assert min_waste_deferred(inp) == StepDecision(swap_out=["old"])

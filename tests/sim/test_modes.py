@@ -272,8 +272,10 @@ def test_paper_run_link_and_a_bound_with_more_sessions_than_budget_tokens(tmp_pa
     # A slot per session for the bound even past the token budget (vLLM would refuse the config; the
     # simulated bound must not run short of slots), while the policies keep the setting's slots.
     bench.setting.unlimited_kv_slots = 5000
-    assert bench.engine("unlimited-kv").sched.max_num_seqs >= 5000
+    assert bench.engine("unlimited-kv").sched.max_num_seqs == 5000 + bench.unlimited_slots
     assert bench.engine("infercept").sched.max_num_seqs == bench.setting.max_num_seqs
+    bench.setting.unlimited_kv_slots = 10  # fewer than the policies': never fewer slots for the bound
+    assert bench.engine("unlimited-kv").sched.max_num_seqs == bench.setting.max_num_seqs + bench.unlimited_slots
 
 
 def test_link_gbps_is_refused_where_the_setting_has_its_own(capsys: pytest.CaptureFixture[str]) -> None:
@@ -282,3 +284,15 @@ def test_link_gbps_is_refused_where_the_setting_has_its_own(capsys: pytest.Captu
     assert main(build_parser().parse_args(["--like", "x.json", "--link-gbps", "10"])) == 2
     assert "--link-gbps is for sweeps" in capsys.readouterr().err
     assert main(build_parser().parse_args(["--paper", "--link-gbps", "0"])) == 2
+    assert main(build_parser().parse_args(["--paper", "--link-gbps", "inf"])) == 2
+    assert main(build_parser().parse_args(["--sessions", "100", "--link-gbps", "10"])) == 2
+    assert main(build_parser().parse_args(["--sessions", "0"])) == 2
+    assert "--sessions must be a positive number" in capsys.readouterr().err
+
+
+def test_paper_run_records_the_link_it_ran_on(tmp_path: Path) -> None:
+    from infercept.benchmarks.sim.paper import run_paper
+
+    run = PaperRun(rates=(1.0,), duration_s=5.0, drain_s=20.0, seeds=(1,), policies=("vllm-apc",), link_gbps=10.0)
+    res = run_paper(run, verbose=False)
+    assert res["setting"]["swap_link_gbps"] == 10.0 and res["setting"]["swap_bytes_per_s"] == 10e9
