@@ -85,13 +85,16 @@ class Setting:
     unlimited_kv_slots: int = 0
     kv_bytes_per_token: int = 1024  # M of the model (the profile's): sizes the KV memory vLLM reserves
 
-    def engine_config(self, v: Variant, token_budget: int | None, saturation_tokens: int | None = None) -> Any:
-        """`saturation_tokens`: S for the policies instead of the profile's (the runner's budget pilot)."""
+    def engine_config(self, v: Variant, token_budget: int | None, saturation_tokens: int | None = None,
+                      vllm_limits: bool = True) -> Any:
+        """`saturation_tokens`: S for the policies instead of the profile's (the runner's budget pilot).
+        `vllm_limits=False`: a configuration vLLM need not accept (the simulator's bound may have more running
+        slots than its token budget has tokens: at paper scale a run has more sessions than that)."""
         from engine_adapter.config import EngineConfig
 
         tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
         slots = max(self.max_num_seqs, self.unlimited_kv_slots) if v.unlimited_kv else self.max_num_seqs
-        if token_budget is not None and slots > token_budget:
+        if vllm_limits and token_budget is not None and slots > token_budget:
             # vLLM refuses max_num_seqs above max_num_batched_tokens: say so in the benchmark's terms.
             raise ValueError(f"{v.label}: {slots} running slots (one per session) exceed the token budget of {token_budget} "
                              "tokens, which vLLM does not allow: fewer sessions per run (rate x duration) or a larger budget")

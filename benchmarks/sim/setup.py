@@ -115,12 +115,11 @@ class SimBench:
         if unlimited_kv_tokens is not None:
             s = dataclasses.replace(s, unlimited_kv_tokens=unlimited_kv_tokens)
         budget = token_budget if token_budget is not None else self.budget(label)
-        # The bound's slot per session is set after the config: vLLM refuses more running slots than its
-        # token budget, which the engine's bound must respect, but the simulated bound needs not (at paper
-        # scale a run has more sessions than the budget has tokens, and a bound short of slots does not bound).
-        cfg = dataclasses.replace(s, unlimited_kv_slots=0).engine_config(v, budget)
+        # No vLLM limits: the simulated bound keeps its slot per session even past the token budget (a bound
+        # short of slots does not bound), which the engine's bound must respect.
+        cfg = s.engine_config(v, budget, vllm_limits=False)
         usable = (cfg.num_kv_blocks or 1) - 1  # vLLM's block 0 is its null block
-        slots = max(cfg.max_num_seqs, s.unlimited_kv_slots) if v.unlimited_kv else cfg.max_num_seqs
+        slots = cfg.max_num_seqs
         if v.unlimited_kv:
             # A running slot for every context too, where asked: paused sessions hold slots in vLLM,
             # and a bound that ran out of slots would not bound the paper-scale runs.

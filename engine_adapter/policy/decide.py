@@ -253,7 +253,7 @@ def renting(c: PausedCost, host_free_blocks: int) -> bool:
     (C x M x the round trip), so a call that turns out long costs at most twice its swap (the
     deterministic ski-rental bound), while calls shorter than a round trip, which a swap would only
     delay (their resume waits for the copy back in) and whose copies take the per-iteration budget
-    from long calls, are never copied. The estimate alone cannot tell them apart: a log-normal call
+    from long calls, are not copied (memory pressure still may: `InterceptCore.demote`). The estimate alone cannot tell them apart: a log-normal call
     type's mean residual life sits above the round trip at the pause although most of its calls end
     before it (ALFWorld at 25 GB/s: most calls ~0.09 s, round trips 48-80 ms). The paper's elapsed-time
     estimate has this hold built in (its remaining time is 0 at the pause); here the profile's link
