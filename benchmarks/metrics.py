@@ -157,7 +157,8 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "swap_overlap": (stats1.get("swap") or {}).get("overlap"),
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (
             "intercepts", "recomputed_tokens", "prefix_hit_tokens", "swapped_out_tokens", "swapped_in_tokens",
-            "demoted", "pressure_swaps", "discarded", "ttl_expired", "swap_fallbacks", "waiting_evictions")},
+            "demoted", "pressure_swaps", "discarded", "ttl_expired", "swap_fallbacks", "waiting_evictions",
+            "prefetches", "prefetch_hits", "prefetch_late", "prefetch_dropped")},
         "by_type": by_type(outs, cutoff_s, t0.get("by_type", {}), t1.get("by_type", {})),
     }
 

@@ -41,6 +41,9 @@ class EngineConfig:
     # Policies that admit new requests ahead of a resumed request that does not fit (infercept-admit): how
     # many steps in a row one such request may be passed over before it is first in line again.
     new_first_max_steps: int = 128
+    # Policies that prefetch (infercept-prefetch): a swapped context is copied back once its call is at least
+    # this likely to be over by the time the copy is (from the type's duration distribution, learned online).
+    prefetch_min_p: float = 0.5
     # Swap (policies `swap` and `infercept`; `vllm-offload`'s host tier takes the same size and link): host
     # buffer size, and the performance profile the waste equations and swap budgets use (None:
     # <model>-<device>.json measured on this machine in $INFERCEPT_HOME/profiles or shipped in
@@ -92,6 +95,8 @@ class EngineConfig:
             raise ValueError("swap_link_gbps must be a positive number of GB/s")
         if self.swap_space_gib < 0:
             raise ValueError("swap_space_gib must be >= 0")
+        if not 0 < self.prefetch_min_p <= 1:
+            raise ValueError("prefetch_min_p must be a probability in (0, 1]")
         if self.estimator not in ESTIMATORS:
             raise ValueError(f"unknown estimator {self.estimator!r}; choose one of {', '.join(ESTIMATORS)}")
         for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
@@ -134,6 +139,7 @@ class EngineConfig:
             "turn_end_type": self.turn_end_type,
             "demotion_reserve_blocks": self.demotion_reserve_blocks,
             "new_first_max_steps": self.new_first_max_steps,
+            "prefetch_min_p": self.prefetch_min_p,
             "profile": self.profile,
             "saturation_tokens": self.saturation_tokens,
             "swap_link_gbps": self.swap_link_gbps,
@@ -183,6 +189,7 @@ class CoreConfig:
     turn_end_type: str
     demotion_reserve_blocks: int
     new_first_max_steps: int = 128
+    prefetch_min_p: float = 0.5
     profile: str | None = None
     estimator: str = "prior"
     augmentation_priors: str | None = None
@@ -200,6 +207,7 @@ class CoreConfig:
             turn_end_type=str(d["turn_end_type"]),
             demotion_reserve_blocks=int(d["demotion_reserve_blocks"]),
             new_first_max_steps=int(d.get("new_first_max_steps", 128)),
+            prefetch_min_p=float(d.get("prefetch_min_p", 0.5)),
             profile=d.get("profile"),
             estimator=str(d.get("estimator", "prior")),
             augmentation_priors=d.get("augmentation_priors"),

@@ -131,7 +131,11 @@ class InterceptScheduler(Scheduler):
         if resume is None:
             return
         session.arrival_time = resume.arrival_time
-        if resume.kind is not ResumeKind.KEEP:
+        if resume.kind is ResumeKind.LOAD_IN_PLACE:
+            # A prefetch still copying into the blocks it holds: it waits where it is, in the KV-holding
+            # queue, as an asynchronous KV load does, until the connector reports the copy done.
+            self.ic_port.wait_for_load(session)
+        elif resume.kind is not ResumeKind.KEEP:
             # No KV on the device: rebuilt from scratch, from prefix-cache hits, or loaded from the
             # host (the connector holds it back until the swap-in budget arms it).
             session.num_computed_tokens = 0

@@ -7,11 +7,12 @@ public names are listed in the docstring of each module that uses them.
 
 The scheduler (`VllmPort`):
 
-* `Scheduler._free_request_blocks`, `_inflight_prefills`, `num_waiting_for_streaming_input` (paused requests hold a running
+* `Scheduler._free_request_blocks`, `_inflight_prefills`, `deferred_waiting`, `num_waiting_for_streaming_input` (paused requests hold a running
   slot there, counted against `max_num_active_reqs`), `running`, `waiting`, `kv_holding_waiting`,
   `max_num_scheduled_tokens`, `block_size`, `max_model_len`, `scheduler_reserve_full_isl`,
   `num_lookahead_tokens`, `deferred_frees`, `requests`;
-* `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks, blocks[*].ref_cnt}` and
+* `kv_cache_manager.allocate_slots` (a prefetch's blocks, as for an asynchronous KV load),
+  `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks, blocks[*].ref_cnt}` and
   `kv_cache_manager.coordinator.single_type_managers[*].req_to_blocks`;
 * `Request.{num_computed_tokens, num_tokens, num_tokens_with_spec, num_output_placeholders, status,
   arrival_time}`.
@@ -56,6 +57,25 @@ class VllmPort:
         self.s._free_request_blocks(self.s.requests[request_id])
         self.s.num_waiting_for_streaming_input -= 1
 
+    def reacquire(self, request_id: str, num_tokens: int) -> list[int] | None:
+        # As vLLM allocates a request's blocks for an asynchronous KV load (`Scheduler.schedule`): the
+        # tokens count as external (their KV arrives by copy), the blocks are not cached until the load is
+        # done, and the request's computed tokens are what the blocks will hold once it is.
+        s = self.s
+        req = s.requests[request_id]
+        if self.request_blocks(request_id) or self.slots_full():
+            return None
+        computed, req.num_computed_tokens = req.num_computed_tokens, 0
+        try:
+            got = s.kv_cache_manager.allocate_slots(req, 0, num_external_computed_tokens=num_tokens, delay_cache_blocks=True,
+                                                    has_scheduled_reqs=False, skip_zeroing_group_ids=(0,))
+        finally:
+            req.num_computed_tokens = computed
+        if got is None:
+            return None
+        s.num_waiting_for_streaming_input += 1
+        return self.block_ids(request_id)
+
     def block_ids(self, request_id: str) -> list[int]:
         mgr = self.s.kv_cache_manager.coordinator.single_type_managers[0]
         return [b.block_id for b in mgr.req_to_blocks.get(request_id, ())]
@@ -68,7 +88,10 @@ class VllmPort:
         return {b for b in block_ids if blocks[b].ref_cnt > 0}
 
     def slots_full(self) -> bool:
-        return len(self.s.running) + self.s.num_waiting_for_streaming_input >= self.s.max_num_active_reqs
+        return self.free_slots() <= 0
+
+    def free_slots(self) -> int:
+        return self.s.max_num_active_reqs - len(self.s.running) - self.s.num_waiting_for_streaming_input
 
     def kv_holding_waiting(self) -> list[str]:
         # vLLM's own test for a waiting request holding blocks (`Scheduler._holds_kv_blocks`), among
@@ -88,6 +111,12 @@ class VllmPort:
         """A request whose slot was released is about to leave the paused state through vLLM code that
         gives the slot back once more (resume, finish): count it again first."""
         self.s.num_waiting_for_streaming_input += 1
+
+    def wait_for_load(self, request: Request) -> None:
+        """A resumed request whose KV is still being copied into the blocks it holds: blocked as vLLM blocks
+        an asynchronous KV load (`WAITING_FOR_REMOTE_KVS`, promoted once the connector reports it received)."""
+        request.status = RequestStatus.WAITING_FOR_REMOTE_KVS
+        self.s.deferred_waiting.add(request)
 
     def requeue_by_arrival(self, request: Request) -> None:
         """A resumed request without KV on the device: out of the KV-holding queue, into the plain

@@ -226,6 +226,8 @@ class SimEngine:
         r.arrival_time = self.now if res is None else res.arrival_time
         if res is None or res.kind is ResumeKind.KEEP:
             sched.resume_in_place(r)
+        elif res.kind is ResumeKind.LOAD_IN_PLACE:
+            sched.wait_for_load(r)
         else:
             sched.requeue_by_arrival(r)
 

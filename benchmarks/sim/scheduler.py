@@ -80,12 +80,24 @@ class SimScheduler:
     def num_free_blocks(self) -> int:
         return self.pool.num_free()
 
+    def reacquire(self, request_id: str, num_tokens: int) -> list[int] | None:
+        r = self.requests[request_id]
+        need = -(-num_tokens // self.bs)
+        if r.blocks or need > self.pool.num_free() or self.slots_full():
+            return None
+        r.blocks = list(self.pool.allocate(need))
+        self.paused_slots += 1
+        return list(r.blocks)
+
     def in_use(self, block_ids: Iterable[int]) -> set[int]:
         wanted = set(block_ids)
         return {b for r in self.requests.values() for b in r.blocks if b in wanted}
 
     def slots_full(self) -> bool:
         return len(self.running) + self.paused_slots >= self.max_num_seqs
+
+    def free_slots(self) -> int:
+        return self.max_num_seqs - len(self.running) - self.paused_slots
 
     def kv_holding_waiting(self) -> list[str]:
         return [r.rid for _, r in self.kv_ready]
@@ -118,6 +130,14 @@ class SimScheduler:
         """Resumed with its KV on the device: schedulable from the KV-holding queue."""
         r.status = Status.WAITING
         bisect.insort(self.kv_ready, (r.queue_pos, r), key=lambda x: x[0])
+
+    def wait_for_load(self, r: SimRequest) -> None:
+        """Resumed while its prefetch is still copying into the blocks it holds: blocked as an asynchronous
+        KV load is (vLLM's WAITING_FOR_REMOTE_KVS) until the copy is reported done, where it sits in the
+        KV-holding queue (its place from the pause: the engine port does not move it), and not among the
+        in-flight prefills (vLLM counts a request there only when it allocates a load's blocks itself)."""
+        r.status = Status.LOADING
+        self.loading.add(r)
 
     def requeue_by_arrival(self, r: SimRequest) -> None:
         """Resumed without KV on the device: into the waiting queue at its arrival time's place."""

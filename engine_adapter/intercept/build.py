@@ -54,7 +54,7 @@ def build_core(cfg: CoreConfig, kv: KvPort, *, model: str, device: str, block_si
     estimator = DurationEstimator(spec.estimator or cfg.estimator, priors)
     swap = SwapPlanner(prof, block_size, host_slots) if spec.swap else None
     settings = CoreSettings(ttl_s=dict(cfg.ttl_s), demotion_reserve_blocks=cfg.demotion_reserve_blocks,
-                            new_first_max_steps=cfg.new_first_max_steps,
+                            new_first_max_steps=cfg.new_first_max_steps, prefetch_min_p=cfg.prefetch_min_p,
                             release_when_copied=release_when_copied)
     log.info("InferCept core: policy=%s profile=%s (S=%d tokens, M=%d B/token) estimator=%s host_slots=%s",
              spec.name, prof.source, prof.saturation_tokens, prof.kv_bytes_per_token, estimator.mode,

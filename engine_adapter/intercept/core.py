@@ -31,8 +31,10 @@ from engine_adapter.intercept.swap import StepCopies, SwapPlanner
 from engine_adapter.policy.decide import (
     DecisionInput,
     PausedView,
+    PrefetchInput,
     continuum_ttl_s,
     demotion_order,
+    prefetch_plan,
     ttl_expired,
     ttl_for,
 )
@@ -58,6 +60,9 @@ class CoreSettings:
     # Policies with `new_first`: how many consecutive steps one blocked resumed head may be passed over by
     # new requests before the queue is first-come-first-served again for it (so it cannot starve).
     new_first_max_steps: int = 128
+    # Policies with `prefetch`: copy a swapped context back once its call is at least this likely to be over
+    # by the time the copy is (`decide.prefetch_plan`).
+    prefetch_min_p: float = 0.5
 
 
 class InterceptCore:
@@ -74,6 +79,9 @@ class InterceptCore:
         self.outbox: dict[str, list[InterceptRecord]] = {}  # records the front end has yet to see
         self._abandoned: list[str] = []  # closed while loading: vLLM frees their blocks once reported
         self._released_now: set[int] = set()  # device blocks of swap-outs released in the step being built
+        # Prefetch: contexts whose copy out finishes in the step being built (their host slots are still being
+        # written) and fetched-back contexts given back in it (taken again, they would thrash): not fetched now.
+        self._not_fetched_now: set[str] = set()
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
         self.passed_over_steps = 0  # steps whose new requests went ahead of a blocked resumed head
@@ -161,10 +169,30 @@ class InterceptCore:
         e = self.entries.get(request_id)
         if e is None:
             return None
-        self._expect(e, KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED)
+        self._expect(e, KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED,
+                     KvState.PREFETCHING, KvState.PREFETCHED)
         arrival = e.arrival_time if self.spec.keep_arrival_time else new_arrival_time
         self.estimator.observe(e.aug_type, now - e.paused_at_s)
         self.ledger.resume(e.record, now, arrival)
+        if e.state in (KvState.PREFETCHED, KvState.PREFETCHING):
+            self._end_fetch(e, now)
+        if e.state is KvState.PREFETCHED:
+            # Fetched back ahead of the return: the KV is on the device; it came back by a swap-in.
+            assert e.host is not None
+            tokens = e.host.tokens
+            self._drop_host(e)
+            del self.entries[request_id]
+            self.ledger.swapped_in(e.record, tokens)
+            self.ledger.totals.prefetch_hits += 1
+            self._moved(e, now)
+            self._post(e.record)
+            return Resume(ResumeKind.KEEP, arrival)
+        if e.state is KvState.PREFETCHING:
+            # Back before the prefetch finished: its blocks are held, the rest of the copy follows.
+            e.state, e.seq = KvState.LOADING, self._next_seq()
+            self.ledger.totals.prefetch_late += 1
+            self._moved(e, now)
+            return Resume(ResumeKind.LOAD_IN_PLACE, arrival)
         if e.state.on_device:
             # Back before any copy finished: the device blocks are still there, keep using them.
             if e.host is not None:
@@ -196,6 +224,7 @@ class InterceptCore:
             self._abandoned.append(request_id)
         if e.host is not None:
             self._drop_host(e)
+        self._end_fetch(e, now)
         self.ledger.close(e.record, now)
 
     def expire(self, now: float) -> None:
@@ -233,17 +262,32 @@ class InterceptCore:
         moving = [e for e in self.entries.values() if e.state is KvState.SWAPPING_OUT]
         coming_blocks = sum(len(self.kv.block_ids(e.request_id)) for e in moving) if may_wait else 0
         coming_slots = len(moving)
-        # A pause whose tool declared no expected duration counts with its type's learned mean.
-        views = [v if v.expected_duration_s is not None else dataclasses.replace(v, expected_duration_s=self.estimator.mean_s(v.aug_type))
-                 for v in self._views(KvState.PRESERVED)]
-        for rid in demotion_order(views):
+        # Contexts fetched back ahead of their return keep their host copy: giving their blocks and slots
+        # back costs nothing but the copy, so they go before any preserved KV.
+        def fetched_room_met() -> bool:
+            return self.kv.num_free_blocks() >= target and not (head is not None and self.kv.slots_full())
+
+        if not fetched_room_met():
+            fetched = [v for st in (KvState.PREFETCHED, KvState.PREFETCHING) for v in self._views(st)]
+            for rid in demotion_order(self._with_expected(fetched)):
+                if fetched_room_met():
+                    break
+                self._unprefetch(self.entries[rid], now)
+
+        def room_met() -> bool:
             free = self.kv.num_free_blocks()
             short_of_slots = wants_room and self.kv.slots_full()
-            met_now = free >= reserve and not short_of_slots
-            if not may_wait and met_now:
+            if not may_wait:
+                return free >= reserve and not short_of_slots
+            # the copies under way make the room: the head waits for them
+            return free >= now_need and free + coming_blocks >= target and not (short_of_slots and coming_slots == 0)
+
+        # (The order is built only when something must go: it is asked every step.)
+        for rid in demotion_order(self._with_expected(self._views(KvState.PRESERVED))) if not room_met() else ():
+            if room_met():
                 break
-            if may_wait and free >= now_need and free + coming_blocks >= target and not (short_of_slots and coming_slots == 0):
-                break  # the copies under way make the room: the head waits for them
+            free = self.kv.num_free_blocks()
+            met_now = free >= reserve and not (wants_room and self.kv.slots_full())
             if rid == head:
                 continue
             e = self.entries[rid]
@@ -319,6 +363,7 @@ class InterceptCore:
         saturation point (None: leave vLLM's)."""
         view = _Lazy(step_view)
         self.steps += 1
+        self._not_fetched_now.clear()
         if self.spec.ttl_online:
             self._last_running_tokens = view.get().running_tokens
         if self.swap is not None:
@@ -429,17 +474,26 @@ class InterceptCore:
         """The copies of the step being built (the connector ships them to the workers)."""
         assert self.swap is not None
         loading = self._ordered(KvState.LOADING)
+        fetching = self._ordered(KvState.PREFETCHING)  # after the loads the resumes wait for
         # Asked after the engine allocated the step: released blocks it handed out again are copied
         # before the forward pass writes them.
         reused = self.kv.in_use(self._released_now) if self._released_now else set()
         self._released_now = set()
-        copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned, reused)
+        copies = self.swap.take_copies([(e.request_id, e.host) for e in loading if e.host], self._abandoned, reused,
+                                       fetching=[(e.request_id, e.host) for e in fetching if e.host])
         self._abandoned = []
         done = set(copies.loads_done)
         for e in loading:
             if e.request_id in done:
                 e.state = KvState.LOADED
                 self._moved(e, None)
+        fetched = {e.request_id for e in fetching if e.request_id in done}
+        for e in fetching:
+            if e.request_id in fetched:
+                e.state = KvState.PREFETCHED
+                self._moved(e, None)
+        if fetched:  # the engine waits for no prefetch: only loads of resumed requests are reported
+            copies = dataclasses.replace(copies, loads_done=[r for r in copies.loads_done if r not in fetched])
         return copies
 
     # ================================================================== reports
@@ -496,16 +550,80 @@ class InterceptCore:
                 if e.host is not None and e.host.out_complete:
                     self._released_now.update(self.kv.block_ids(e.request_id))
                     self.finish_swap_out(e, now)
+                    self._not_fetched_now.add(e.request_id)
         queued = self._ordered(KvState.LOAD_QUEUED)
         at_head = bool(queued) and view.get().head_waiting == queued[0].request_id
         for e in queued[:sw.how_many_to_arm([e.host for e in queued if e.host], loading, at_head)]:
             e.state = KvState.LOAD_ARMED
             self._moved(e, now)
+        if self.spec.prefetch:
+            self._plan_prefetch(view, now)
+
+    def _plan_prefetch(self, view: _Lazy, now: float) -> None:
+        """Fetch swapped contexts back ahead of their return with the link capacity this step leaves
+        unused (it joins the swap-in budget, loads of resumed requests first) and device blocks nobody
+        needs now; give up fetched-back ones whose call now looks long (`decide.prefetch_plan`)."""
+        sw = self.swap
+        assert sw is not None
+        v = view.get()
+        need = max(v.blocks_needed + self._head_need(v) - v.head_blocks, v.blocks_ahead) + self.settings.demotion_reserve_blocks
+        fetching = self._ordered(KvState.PREFETCHING)
+        spare = sw.spare_blocks()
+        # A prefetch takes a running slot: it never takes the last one from a request waiting to be admitted.
+        slots = self.kv.free_slots() - (1 if v.head_waiting is not None else 0)
+        decision = prefetch_plan(PrefetchInput(
+            now_s=now, swapped=[s for s in self._views(KvState.SWAPPED) if s.request_id not in self._not_fetched_now],
+            fetched=self._views(KvState.PREFETCHING) + self._views(KvState.PREFETCHED),
+            estimator=self.estimator, profile=self.profile, block_size=self.block_size,
+            step_s=self.profile.t_fwd_s(max(1, sw.last_batch_tokens)), spare_blocks=spare,
+            pipeline_blocks=sum(e.host.blocks_to_load for e in fetching if e.host),
+            room_blocks=self.kv.num_free_blocks() - need, min_p=self.settings.prefetch_min_p, free_slots=slots,
+        ))
+        for rid in decision.drop:
+            self._unprefetch(self.entries[rid], now)
+        for rid in decision.start:
+            e = self.entries[rid]
+            assert e.host is not None
+            blocks = self.kv.reacquire(rid, e.host.tokens)
+            if blocks is None:
+                break
+            n = len(e.host.slots)
+            if len(blocks) < n:
+                raise TransitionError(f"{rid}: the engine gave {len(blocks)} blocks for a {n}-block prefetch")
+            e.host.to_load = deque(zip(blocks[:n], e.host.slots))
+            e.state, e.seq, e.fetched_at_s = KvState.PREFETCHING, self._next_seq(), now
+            self.ledger.totals.prefetches += 1
+            self._moved(e, now)
+        if any(e.state is KvState.PREFETCHING for e in self.entries.values()):
+            sw.prefetch_blocks = spare
+
+    def _unprefetch(self, e: Entry, now: float) -> None:
+        """Give a fetched-back context's device blocks and slot back; its host copy stays (SWAPPED)."""
+        self._expect(e, KvState.PREFETCHING, KvState.PREFETCHED)
+        assert e.host is not None
+        self.kv.release(e.request_id)
+        e.host.to_load = None
+        e.state = KvState.SWAPPED
+        self._not_fetched_now.add(e.request_id)
+        self._end_fetch(e, now)
+        self.ledger.totals.prefetch_dropped += 1
+        self._moved(e, now)
+
+    def _end_fetch(self, e: Entry, now: float) -> None:
+        """A prefetch's device blocks stop being held idle (resume, given up, closed): charge the hold."""
+        if e.fetched_at_s is not None:
+            self.ledger.held_again(e.record, now - e.fetched_at_s)
+            e.fetched_at_s = None
 
     def _drop_host(self, e: Entry) -> None:
         assert self.swap is not None and e.host is not None
         self.swap.release(e.host)
         e.host = None
+
+    def _with_expected(self, views: list[PausedView]) -> list[PausedView]:
+        """A pause whose tool declared no expected duration counts with its type's learned mean."""
+        return [v if v.expected_duration_s is not None else dataclasses.replace(v, expected_duration_s=self.estimator.mean_s(v.aug_type))
+                for v in views]
 
     def _views(self, state: KvState) -> list[PausedView]:
         return [PausedView(e.request_id, e.aug_type, e.context_tokens, e.paused_at_s, e.expected_duration_s,

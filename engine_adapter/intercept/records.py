@@ -98,6 +98,12 @@ class Totals:
     # Resumed requests whose KV was freed while they waited, because nothing ran and the head of the
     # queue could not be admitted (`InterceptCore.unblock`): recomputed instead of a deadlock.
     waiting_evictions: int = 0
+    # Prefetch (`infercept-prefetch`): swapped contexts copied back ahead of their return; resumes that found
+    # theirs back (hits) or still coming (late); fetched-back contexts given up (call overran, memory short).
+    prefetches: int = 0
+    prefetch_hits: int = 0
+    prefetch_late: int = 0
+    prefetch_dropped: int = 0
     preserved_token_seconds: float = 0.0  # closed spans only; `Ledger.totals_at` adds the open ones
     # Per augmentation type: where the memory-time goes (intercepts, preserved token-seconds of closed
     # spans, tokens recomputed, tokens swapped out, KV freed by the policy or under pressure).
@@ -157,6 +163,11 @@ class Ledger:
             self.totals.add(rec.aug_type, "swapped_out_tokens", moved_tokens)
         elif fate is not Fate.CLOSED:
             self.totals.add(rec.aug_type, "freed", 1)
+
+    def held_again(self, rec: InterceptRecord, seconds: float) -> None:
+        """A prefetch held the context's device blocks idle this long before the resume (or until it was
+        given up): memory-time held, counted with the preserved spans."""
+        self._span(rec, seconds)
 
     def resume(self, rec: InterceptRecord, now_s: float, requeued_arrival_time: float) -> None:
         rec.resumed_at_s = now_s

@@ -10,6 +10,11 @@ closed). The entry's `state` is the one place that says where its KV is:
       │          │ resume: cancel, KEEP                     ─allocated─> LOADING ─last chunk─> LOADED
       │          │ pressure/full host: free                 ─first schedule─> (gone)
       └──> DISCARDED ──resume──> RECOMPUTE_QUEUED ──first schedule──> (gone)
+
+    prefetch (`infercept-prefetch`), before the resume, the host copy kept throughout:
+    SWAPPED ─prefetch─> PREFETCHING ─last chunk─> PREFETCHED ─resume─> (gone: KEEP)
+                          │ resume: LOADING (LOAD_IN_PLACE)  │
+                          └── overrun/pressure: blocks freed ┴──> SWAPPED
 """
 
 from __future__ import annotations
@@ -33,21 +38,27 @@ class KvState(str, Enum):
     LOADING = "loading"  # resumed; device blocks allocated, chunks copying in
     LOADED = "loaded"  # resumed; every chunk shipped, host slots free at the next step
     RECOMPUTE_QUEUED = "recompute-queued"  # resumed; KV nowhere, waits for its first schedule
+    PREFETCHING = "prefetching"  # paused; device blocks held again, host copy coming back ahead of the resume
+    PREFETCHED = "prefetched"  # paused; KV on the device and (still) on the host
 
     @property
     def paused(self) -> bool:
-        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED)
+        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.SWAPPED, KvState.DISCARDED,
+                        KvState.PREFETCHING, KvState.PREFETCHED)
 
     @property
     def on_device(self) -> bool:
-        """Paused with its device blocks (and its running slot) still held."""
-        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT)
+        """Paused with its device blocks (and its running slot) held."""
+        return self in (KvState.PRESERVED, KvState.SWAPPING_OUT, KvState.PREFETCHING, KvState.PREFETCHED)
 
 
 class ResumeKind(str, Enum):
     KEEP = "keep"  # the KV is on the device: schedule the new tokens only
     LOAD = "load"  # the KV comes back from the host (through the KV connector)
     RECOMPUTE = "recompute"  # the KV is gone: recompute the context (prefix-cache hits aside)
+    # The KV is being copied back into the blocks the request holds (a prefetch the resume overtook): it
+    # waits as an asynchronous KV load does, until the core reports the copy done (`StepCopies.loads_done`).
+    LOAD_IN_PLACE = "load-in-place"
 
 
 @dataclass(frozen=True)
@@ -66,6 +77,7 @@ class Entry:
     state: KvState
     seq: int  # first come, first served: pauses, swap starts and resumes in this order
     host: HostCopy | None = None
+    fetched_at_s: float | None = None  # a prefetch's start: its device blocks are held (idle) from then
 
     @property
     def session_id(self) -> str:
@@ -143,11 +155,19 @@ class KvPort(Protocol):
 
     def num_free_blocks(self) -> int: ...
 
+    def reacquire(self, request_id: str, num_tokens: int) -> list[int] | None:
+        """Device blocks for a paused request's whole context again (a prefetch), and its running slot
+        back; None, with nothing taken, when the free blocks or the slots do not allow it. The blocks'
+        contents arrive by copy: nothing may read them as computed until the core says so."""
+
     def in_use(self, block_ids: Iterable[int]) -> set[int]:
         """Of these device blocks, those some request holds now."""
 
     def slots_full(self) -> bool:
         """Every running slot is taken (running + paused holding a slot)."""
+
+    def free_slots(self) -> int:
+        """Running slots not taken (running + paused holding a slot)."""
 
     def kv_holding_waiting(self) -> list[str]:
         """Waiting requests that hold device blocks and could be admitted now (sessions resumed in place,

@@ -112,6 +112,7 @@ class SwapPlanner:
         # Learned where the workers measure it; 1.0 (the whole step) otherwise.
         self.overlap = 1.0
         self.in_budget_blocks = 0
+        self.prefetch_blocks = 0  # this step's link capacity for prefetches (`spare_blocks`, when one is under way)
         self.stats = SwapStats()
         self.history: deque[StepSwap] = deque(maxlen=4096)
         self._out: list[tuple[int, int]] = []
@@ -148,12 +149,20 @@ class SwapPlanner:
                               device_free_blocks * self.block_size)
         self._step = StepSwap(limit=n, out_budget=b.out_tokens, in_budget=b.in_tokens)
         self.in_budget_blocks = b.in_tokens // self.block_size
+        self.prefetch_blocks = 0
         return b
 
     @property
     def limit_tokens(self) -> int:
         """N_i of the iteration `budgets` last planned (0 before the first)."""
         return self._step.limit if self._step is not None else 0
+
+    def spare_blocks(self) -> int:
+        """Link capacity of the step being planned (N_i, in blocks) that neither its swap-in budget nor
+        the copies out planned so far take: what prefetches may move without lengthening the step."""
+        if self._step is None:
+            return 0
+        return max(0, self._step.limit // self.block_size - self.in_budget_blocks - len(self._out))
 
     def observe_overlap(self, window_s: float, forward_s: float, weight: float = 0.05) -> None:
         """Fold one step's measured forward window (the time its copies can hide behind) into `overlap`."""
@@ -198,24 +207,26 @@ class SwapPlanner:
         return max(n, 1) if first_at_head and queued else n
 
     def take_copies(self, loading: list[tuple[str, HostCopy]], abandoned: list[str],
-                    reused: Collection[int] = ()) -> StepCopies:
+                    reused: Collection[int] = (), fetching: list[tuple[str, HostCopy]] | None = None) -> StepCopies:
         """The step's copies: what `plan_out` queued, and swap-in chunks of the loading requests, in
         order, within the step's swap-in budget (a budget under one block still moves one, so loads
-        always finish). `reused`: device blocks released in this step that the engine reallocated (their
-        copies out go first)."""
-        budget = self.in_budget_blocks or (1 if loading else 0)
+        always finish), then chunks of the prefetches under way (`fetching`) within `prefetch_blocks`.
+        `reused`: device blocks released in this step that the engine reallocated (their copies out go
+        first). `loads_done` names both kinds whose last chunk is in this step."""
         swap_in: list[tuple[int, int]] = []
         done = list(abandoned)
-        for rid, host in loading:
-            assert host.to_load is not None
-            while host.to_load and budget > 0:
-                swap_in.append(host.to_load.popleft())
-                budget -= 1
-            if not host.to_load:
-                done.append(rid)
-                self.stats.tokens_in += host.tokens
-            if budget == 0:
-                break
+        for group, budget in ((loading, self.in_budget_blocks or (1 if loading else 0)),
+                              (fetching or [], self.prefetch_blocks)):
+            for rid, host in group:
+                if budget <= 0:
+                    break
+                assert host.to_load is not None
+                while host.to_load and budget > 0:
+                    swap_in.append(host.to_load.popleft())
+                    budget -= 1
+                if not host.to_load:
+                    done.append(rid)
+                    self.stats.tokens_in += host.tokens
         self.stats.blocks_in += len(swap_in)
         out, self._out = self._out, []
         first = [p for p in out if p[0] in reused] if reused else []

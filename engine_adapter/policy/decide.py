@@ -7,6 +7,8 @@ shared by the engine's intercept core and the simulator.
 * `continuum_ttl_s`: Continuum's time-to-live for one pause, from the tool's observed durations.
 * `min_waste`: the paper's per-iteration choice (Eq. 2, 4, 5): swap out the paused requests that would
   waste the most within the swap-out budget, preserve or discard the rest, whichever wastes less.
+* `prefetch_plan`: which swapped contexts to copy back ahead of their call's return, and which
+  fetched-back ones to give up (`infercept-prefetch`).
 * `min_waste_deferred`: the same, but a request that only missed this iteration's swap budget waits
   for a later one when holding it until then wastes less than recomputing it, and a request whose swap
   would pay off is held one copy round trip before it may be swapped or discarded (`renting`)
@@ -295,3 +297,75 @@ def swap_long_calls(inp: DecisionInput) -> StepDecision:
             host -= c.context_blocks
             first = False
     return StepDecision(swap_out=swap)
+
+
+@dataclass(frozen=True)
+class PrefetchInput:
+    """What a prefetch decision may know. Views are paused requests whose KV is on the host (`swapped`)
+    or on its way back or back ahead of the return (`fetched`); `paused_at_s` and the durations as for
+    `PausedView`."""
+
+    now_s: float
+    swapped: Sequence[PausedView]
+    fetched: Sequence[PausedView]
+    estimator: DurationEstimator
+    profile: Profile
+    block_size: int
+    step_s: float  # one iteration's time
+    spare_blocks: int  # link capacity this iteration leaves unused (blocks): what prefetches may move
+    pipeline_blocks: int  # blocks prefetches under way still have to move
+    room_blocks: int  # device blocks free beyond what this step and the queue's head need
+    min_p: float  # fetch when the call is at least this likely to be back by the time the copy is done
+    free_slots: int = 1 << 30  # running slots a prefetch may take (each takes one)
+
+
+@dataclass(frozen=True)
+class PrefetchDecision:
+    start: list[str] = field(default_factory=list)
+    drop: list[str] = field(default_factory=list)
+
+
+def prefetch_horizon_s(blocks: int, inp: PrefetchInput) -> float:
+    """How long copying a context back takes: its chunks at the spare rate (the link's own time at the
+    least), plus the step that reports it done."""
+    link_s = inp.profile.t_swap_in_s(blocks * inp.block_size)
+    steps = -(-blocks // inp.spare_blocks) if inp.spare_blocks > 0 else 0
+    return max(link_s, steps * inp.step_s) + inp.step_s
+
+
+def prefetch_plan(inp: PrefetchInput) -> PrefetchDecision:
+    """Our extension (KVFlow, Tokencake: upload ahead of the predicted return). A swapped context is
+    copied back, with link capacity the iteration leaves unused and device blocks nobody needs now, when
+    its call is likely (`min_p`) to be over by the time the copy is: the resume then finds its KV on the
+    device instead of waiting for a load. A fetched-back context keeps its host copy, so giving it up
+    costs nothing but the copy: when its call now looks unlikely to be back soon (below half of
+    `min_p`: hysteresis), or when memory runs short (`InterceptCore.demote`).
+
+    Starts are most likely back first, while the copies under way leave the link idle within a step
+    (`pipeline_blocks` under `spare_blocks`), so a fetch started now starts moving now."""
+    est = inp.estimator
+    drop = []
+    for v in inp.fetched:
+        blocks = swapped_blocks(v.context_tokens, inp.block_size)
+        p = est.back_within_p(v.aug_type, inp.now_s - v.paused_at_s, prefetch_horizon_s(blocks, inp), v.expected_duration_s)
+        if p < inp.min_p / 2:
+            drop.append(v.request_id)
+    start: list[str] = []
+    if inp.spare_blocks <= 0 or inp.room_blocks <= 0 or inp.free_slots <= 0:
+        return PrefetchDecision(start, drop)
+    scored = []
+    for v in inp.swapped:
+        blocks = swapped_blocks(v.context_tokens, inp.block_size)
+        p = est.back_within_p(v.aug_type, inp.now_s - v.paused_at_s, prefetch_horizon_s(blocks, inp), v.expected_duration_s)
+        if p >= inp.min_p and blocks > 0:
+            scored.append((-p, v.paused_at_s, blocks, v.request_id))
+    room, pipeline = inp.room_blocks, inp.pipeline_blocks
+    for _, _, blocks, rid in sorted(scored):
+        if pipeline >= inp.spare_blocks or len(start) >= inp.free_slots:
+            break
+        if blocks > room:
+            continue
+        start.append(rid)
+        room -= blocks
+        pipeline += blocks
+    return PrefetchDecision(start, drop)

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections import deque
 from collections.abc import Mapping
@@ -37,10 +38,27 @@ def lognormal_quantiles(mean: float, std: float, k: int) -> list[float]:
 class TypeStats:
     prior: list[float]
     observed: deque[float] = field(default_factory=lambda: deque(maxlen=256))
+    _sorted: list[float] | None = None  # the samples in order, until the next observation
+    _mean: float | None = None  # their mean, likewise
 
     def samples(self) -> list[float]:
         # Observed durations outweigh the prior as they accumulate (the prior is 32 pseudo-samples).
         return self.prior + list(self.observed)
+
+    def observe(self, duration_s: float) -> None:
+        self.observed.append(duration_s)
+        self._sorted = self._mean = None
+
+    def mean(self) -> float:
+        if self._mean is None:
+            s = self.samples()
+            self._mean = sum(s) / len(s)
+        return self._mean
+
+    def ordered(self) -> list[float]:
+        if self._sorted is None:
+            self._sorted = sorted(self.samples())
+        return self._sorted
 
 
 @dataclass
@@ -65,7 +83,7 @@ class DurationEstimator:
 
     def observe(self, aug_type: str, duration_s: float) -> None:
         if duration_s >= 0 and math.isfinite(duration_s):
-            self._stats(aug_type).observed.append(duration_s)
+            self._stats(aug_type).observe(duration_s)
 
     def remaining_s(self, aug_type: str, elapsed_s: float, true_duration_s: float | None = None) -> float:
         elapsed_s = max(0.0, elapsed_s)
@@ -78,13 +96,26 @@ class DurationEstimator:
             return elapsed_s
         return sum(longer) / len(longer)
 
+    def back_within_p(self, aug_type: str, elapsed_s: float, horizon_s: float,
+                      true_duration_s: float | None = None) -> float:
+        """The probability that a call which has lasted `elapsed_s` ends within `horizon_s` from now, over
+        the type's distribution (when to fetch a swapped context back ahead of its return). The
+        estimates without a distribution (`dynamic`, `oracle`, a call that outlived every sample) answer
+        0 or 1: whether `remaining_s` falls within the horizon."""
+        elapsed_s = max(0.0, elapsed_s)
+        if self.mode == "prior":
+            xs = self._stats(aug_type).ordered()  # asked every step for every swapped context: bisect
+            first = bisect.bisect_right(xs, elapsed_s)
+            if first < len(xs):
+                return (bisect.bisect_right(xs, elapsed_s + horizon_s) - first) / (len(xs) - first)
+        return 1.0 if self.remaining_s(aug_type, elapsed_s, true_duration_s) <= horizon_s else 0.0
+
     def samples(self, aug_type: str) -> list[float]:
         """The type's duration distribution as samples: the prior's pseudo-samples and what was observed."""
         return self._stats(aug_type).samples()
 
     def mean_s(self, aug_type: str) -> float:
-        s = self._stats(aug_type).samples()
-        return sum(s) / len(s)
+        return self._stats(aug_type).mean()
 
 
 def load_priors(path: str) -> dict[str, tuple[float, float]]:

@@ -17,6 +17,8 @@ the README's table read the names, summaries and flags from this table.
 | swap-heuristic    | kept             | swapped when the call outlasts a copy      | original arrival   | off          | <= S       |
 | infercept-paper   | kept             | per iteration: swap / discard / keep       | original arrival   | off          | <= S       |
 | infercept         | kept             | per iteration: swap / discard / keep       | original arrival   | off          | <= S       |
+| infercept-admit   | kept             | per iteration: swap / discard / keep       | new arrival (back) | off          | <= S       |
+| infercept-prefetch| kept             | infercept; swapped KV fetched back early   | original arrival   | off          | <= S       |
 
 "budget" is the engine's per-iteration token budget (`max_num_batched_tokens`, the same for every policy
 in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
@@ -83,8 +85,13 @@ class PolicySpec:
     # New requests go ahead of a resumed head of the waiting queue that cannot be admitted (its whole
     # context does not fit the free blocks), for a bounded number of steps (`InterceptCore.waiting_order`).
     new_first: bool = False
+    # Swapped contexts are copied back ahead of their call's predicted return, with link capacity and device
+    # blocks nobody uses (`decide.prefetch_plan`, `InterceptCore._plan_prefetch`).
+    prefetch: bool = False
 
     def __post_init__(self) -> None:
+        if self.prefetch and not self.swap:
+            raise ValueError(f"policy {self.name}: prefetching needs swap=True")
         if self.at_pause is Action.SWAP and not self.swap:
             raise ValueError(f"policy {self.name}: swapping at the pause needs swap=True")
         if self.swap_under_pressure and not self.swap:
@@ -142,6 +149,10 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
     PolicySpec("infercept-admit", "infercept, with a resumed request whose KV went queued at its return, and new requests admitted ahead of a resumed head that does not fit (for a bounded number of steps), so that new requests do not starve",
                Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_deferred, chunk_at_saturation=True,
                swap_under_pressure=True, new_first=True),
+    # Issue 33: fetch swapped contexts back before the call returns (KVFlow, Tokencake).
+    PolicySpec("infercept-prefetch", "infercept, and a swapped context is copied back ahead of its call's return (when the call is likely over by the time the copy is) with link capacity and device memory nobody uses; the host copy is kept until the resume, so giving the blocks back under pressure costs nothing",
+               Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True,
+               prefetch=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

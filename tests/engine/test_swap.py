@@ -19,7 +19,7 @@ PROMPT = (
 )
 
 
-@pytest.mark.policies("swap", "infercept")  # the policies that swap at a pause
+@pytest.mark.policies("swap", "infercept", "infercept-prefetch")  # the policies that swap at a pause
 async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -> None:
     engine = policy_engine
     prompt = engine.encode(PROMPT)

@@ -43,6 +43,12 @@ class Pool:
         self.held[rid] = [self.free_ids.pop(0) for _ in range(n)]
         self.slots_used += 1
 
+    def reacquire(self, request_id: str, num_tokens: int) -> list[int] | None:
+        if request_id in self.held or math.ceil(num_tokens / BLOCK) > len(self.free_ids) or self.slots_full():
+            return None
+        self.alloc(request_id, num_tokens)
+        return list(self.held[request_id])
+
     def release(self, request_id: str) -> None:
         self.free_ids += self.held.pop(request_id)
         self.slots_used -= 1
@@ -60,6 +66,9 @@ class Pool:
 
     def slots_full(self) -> bool:
         return self.slots_used >= self.max_slots
+
+    def free_slots(self) -> int:
+        return self.max_slots - self.slots_used
 
     def kv_holding_waiting(self) -> list[str]:
         return [rid for rid in self.ready if rid in self.held]

@@ -1,0 +1,103 @@
+"""Prefetch for real (`infercept-prefetch`): a swapped context is copied back into blocks the paused
+request holds again, before its call returns, and the resumed turn continues exactly as an uninterrupted
+one, both when the copy finished first (the resume keeps the blocks) and when the resume overtook it (the
+request waits, as an asynchronous KV load, for the rest of the copy in place).
+
+Timing: the oracle estimator with each call's true duration in the session's hint (the prefetch starts
+when the remaining time falls within the copy's horizon), a pinned profile (10 ms steps) and an emulated
+link slow enough that a step moves one or two of the context's 15 blocks, and a second session whose
+decoding keeps the engine stepping (with nothing running the engine does not step, and a prefetch under
+way waits: the second case stops that session as soon as the prefetch starts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest_asyncio
+
+from engine_adapter.engine import InterceptEngine
+from engine_adapter.hints import TURN_END_KEY, ToolHint
+from engine_adapter.session import Session
+from tests.conftest import tiny_config
+from tests.engine.helpers import fresh_output, run_turn, wait_all_free
+
+CALL_S = 0.5
+CONTEXT_BLOCKS = 15  # the paused context (its last block partly filled)
+KEEP_BUSY_TOKENS = 230  # the other session's decode: longer than the call; 8 blocks beside the context's 15
+
+
+async def _prefetches(engine: InterceptEngine) -> int:
+    return (await engine.stats()).totals.prefetches
+
+
+async def _paused(engine: InterceptEngine, seed: int) -> tuple[Session, list[int], list[int]]:
+    """A session paused after its first turn on a call of CALL_S (declared in its hint): once the engine
+    steps, its context is held one copy round trip, swapped out, and fetched back ahead of CALL_S."""
+    block = (await engine.stats()).block_size
+    a = engine.open_session(tools={TURN_END_KEY: ToolHint("image", expected_s=CALL_S)}, ignore_eos=True)
+    prompt = [500 + (seed * 37 + i) % 900 for i in range((CONTEXT_BLOCKS - 1) * block + 2)]
+    first = await run_turn(a, prompt, max_tokens=8)
+    return a, prompt, first.token_ids
+
+
+@pytest_asyncio.fixture
+async def engine(tmp_path: Path, uses_engine: None) -> InterceptEngine:
+    profile = tmp_path / "tiny-10ms.json"
+    profile.write_text(json.dumps({
+        "model": "tiny", "device": "cpu", "fwd_tokens": [1, 4096], "fwd_seconds": [0.01, 0.01], "saturation_tokens": 256,
+        "kv_bytes_per_token": 1024, "swap_out_bytes_per_s": 1e9, "swap_in_bytes_per_s": 1e9,
+    }))
+    # 16 MB/s: a 32 KiB block per 2 ms, so N_i (the copies a step hides) is one or two blocks for the tiny
+    # model's 2.5-6 ms steps (the profile's 10 ms is refined to them within the first steps).
+    eng = InterceptEngine(tiny_config("infercept-prefetch", estimator="oracle", swap_link_gbps=0.016, profile=str(profile)))
+    await eng.start()
+    try:
+        yield eng
+    finally:
+        await eng.shutdown()
+
+
+async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: InterceptEngine) -> None:
+    appended = engine.encode("\nObservation: a red door.\n")
+
+    # 1. The call returns after the prefetch: the KV is on the device when the resume comes.
+    busy = engine.open_session(ignore_eos=True)
+    a, prompt, first = await _paused(engine, 1)
+    keep_busy = asyncio.create_task(run_turn(busy, list(range(100, 116)), max_tokens=KEEP_BUSY_TOKENS))
+    await asyncio.sleep(CALL_S + 0.15)
+    assert not keep_busy.done(), "the other session must keep the engine stepping through the call"
+    resumed = await run_turn(a, appended, max_tokens=8)
+    await a.close()  # its next pause must not be prefetched meanwhile
+    rec = (await engine.intercepts(a.id))[0]
+    totals = (await engine.stats()).totals
+    assert rec.kv_fate == "swap" and rec.restored_by == "swap", rec
+    assert rec.tokens_swapped_in == len(prompt) + len(first) - 1 and rec.tokens_recomputed == 0
+    assert (totals.prefetches, totals.prefetch_hits, totals.prefetch_late) == (1, 1, 0), totals
+    await keep_busy
+    await busy.close()
+    assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
+
+    # 2. The resume overtakes the prefetch: the busy session is cut as soon as the prefetch starts, so the
+    # engine stops stepping with the copy under way; the resume must wait for the rest of it.
+    busy = engine.open_session(ignore_eos=True)
+    b, prompt, first = await _paused(engine, 2)
+    before = await _prefetches(engine)
+    keep_busy = asyncio.create_task(run_turn(busy, list(range(200, 216)), max_tokens=KEEP_BUSY_TOKENS))
+    deadline = time.monotonic() + 5 * CALL_S
+    while await _prefetches(engine) == before:
+        assert time.monotonic() < deadline and not keep_busy.done(), "no prefetch started"
+        await asyncio.sleep(0.002)
+    keep_busy.cancel()
+    await busy.close()
+    resumed = await run_turn(b, appended, max_tokens=8)
+    await b.close()
+    rec = (await engine.intercepts(b.id))[0]
+    totals = (await engine.stats()).totals
+    assert rec.restored_by == "swap" and rec.tokens_swapped_in == len(prompt) + len(first) - 1, rec
+    assert (totals.prefetches, totals.prefetch_late) == (2, 1), totals
+    assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
+    counts = await wait_all_free(engine)
+    assert counts.free == counts.total and counts.host_tokens == 0, counts
