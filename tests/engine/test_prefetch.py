@@ -5,9 +5,9 @@ request waits, as an asynchronous KV load, for the rest of the copy in place).
 
 Timing: the oracle estimator with each call's true duration in the session's hint (the prefetch starts
 when the remaining time falls within the copy's horizon), a pinned profile (10 ms steps) and an emulated
-link slow enough that a step moves one or two of the context's 15 blocks, and a second session whose
+link slow enough that a step moves one to four of the context's 15 blocks, and a second session whose
 decoding keeps the engine stepping (with nothing running the engine does not step, and a prefetch under
-way waits: the second case stops that session as soon as the prefetch starts)."""
+way waits)."""
 
 from __future__ import annotations
 
@@ -80,8 +80,8 @@ async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: Interce
     await busy.close()
     assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
 
-    # 2. The resume overtakes the prefetch: the busy session is cut as soon as the prefetch starts, so the
-    # engine stops stepping with the copy under way; the resume must wait for the rest of it.
+    # 2. The resume overtakes the prefetch: it is sent as soon as the prefetch is seen to start (and the
+    # busy session is cut); the resumed request must wait for the rest of the copy, in place.
     busy = engine.open_session(ignore_eos=True)
     b, prompt, first = await _paused(engine, 2)
     before = await _prefetches(engine)
@@ -90,9 +90,12 @@ async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: Interce
     while await _prefetches(engine) == before:
         assert time.monotonic() < deadline and not keep_busy.done(), "no prefetch started"
         await asyncio.sleep(0.002)
+    # The resume goes first (each message to the engine core waits for the step under way): it must land
+    # while the copy is still under way, a few steps of one to four blocks out of fifteen.
+    resume = asyncio.create_task(run_turn(b, appended, max_tokens=8))
     keep_busy.cancel()
+    resumed = await resume
     await busy.close()
-    resumed = await run_turn(b, appended, max_tokens=8)
     await b.close()
     rec = (await engine.intercepts(b.id))[0]
     totals = (await engine.stats()).totals

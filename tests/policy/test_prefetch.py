@@ -37,6 +37,14 @@ def swapped(pool: Pool, core: InterceptCore, rid: str = "a", at: float = 0.0) ->
     return t
 
 
+def fetched(pool: Pool, core: InterceptCore) -> None:
+    """`swapped`, then the two steps that fetch it back ahead of its return at 1 s."""
+    swapped(pool, core)
+    for t in (0.975, 0.985):
+        step(core, pool, t, BUSY)
+    assert core.entries["a"].state is KvState.PREFETCHED
+
+
 def test_a_swapped_context_is_fetched_back_before_its_call_returns() -> None:
     pool = Pool()
     core = make(pool)
@@ -99,10 +107,7 @@ def test_a_call_that_overruns_gives_its_blocks_back_and_keeps_its_host_copy() ->
 def test_memory_pressure_takes_fetched_back_blocks_before_any_preserved_context() -> None:
     pool = Pool(blocks=20)
     core = make(pool)
-    swapped(pool, core)
-    for t in (0.975, 0.985):
-        step(core, pool, t, BUSY)
-    assert core.entries["a"].state is KvState.PREFETCHED
+    fetched(pool, core)
     pause(core, pool, "b", 4 * BLOCK, now=0.99, aug="img", expected=None)  # preserved: held for its round trip
     free = pool.num_free_blocks()
     need = StepView(blocks_needed=free + 3, head_waiting=None, running_requests=2, running_tokens=2000)
@@ -161,10 +166,7 @@ def test_a_prefetch_never_takes_the_last_running_slot_from_a_waiting_request() -
 def test_fetched_back_blocks_given_back_for_a_waiting_request_are_not_taken_again_in_that_step() -> None:
     pool = Pool(slots=2)
     core = make(pool)
-    swapped(pool, core)
-    for t in (0.975, 0.985):
-        step(core, pool, t, BUSY)
-    assert core.entries["a"].state is KvState.PREFETCHED
+    fetched(pool, core)
     pool.alloc("x", BLOCK)  # now every slot is taken, and a new request waits for one
     step(core, pool, 0.99, StepView(0, "new", running_requests=1, running_tokens=100))
     assert core.entries["a"].state is KvState.SWAPPED and pool.free_slots() == 1
