@@ -529,7 +529,8 @@ class InterceptCore:
         queued_in = [e.host for e in self._ordered(KvState.LOAD_QUEUED) if e.host]
         want_in = sum(h.blocks_to_load for h in queued_in + loading) * self.block_size
         want_out = inflight + sum(sw.blocks(v.context_tokens) for v in candidates) * self.block_size
-        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight)
+        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight,
+                            batch_tokens=view.get().step_tokens if self.spec.swap_budget_from_step else None)
         if candidates and self.spec.decide is not None:
             decision = self.spec.decide(DecisionInput(
                 now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,

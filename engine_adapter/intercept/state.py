@@ -142,6 +142,9 @@ class StepView:
     # New blocks the running requests and that waiting one need to finish the prompt or recompute
     # they are in (not capped by this step's token budget): the room a swap under pressure makes ahead.
     blocks_ahead: int = 0
+    # Tokens the running requests compute this step, within the token budget: a lower bound of the step's
+    # work (whether waiting requests are admitted too depends on the blocks vLLM finds free).
+    step_tokens: int = 0
 
 
 class KvPort(Protocol):

@@ -109,11 +109,12 @@ def step_view(running: Iterable[StepRequest], admissible: Iterable[StepRequest],
     queues costs one request)."""
     budget = limits.token_budget
     last = limits.max_model_len - 1  # the last position a request computes before it samples
-    need = ahead = running_requests = running_tokens = 0
+    need = ahead = running_requests = running_tokens = step_tokens = 0
     for r in running:
         todo = max(0, min(r.num_tokens, last) - r.num_computed_tokens)
         n = min(todo, budget)
         budget -= n
+        step_tokens += n
         need += new_blocks(r.num_computed_tokens, n, r.num_blocks, limits)
         ahead += new_blocks(r.num_computed_tokens, todo, r.num_blocks, limits)
         running_requests += 1
@@ -128,7 +129,7 @@ def step_view(running: Iterable[StepRequest], admissible: Iterable[StepRequest],
                                     limits).blocks
     return StepView(blocks_needed=need + head_blocks, head_waiting=head.request_id if head is not None else None,
                     head_blocks=head_blocks, running_requests=running_requests, running_tokens=running_tokens,
-                    blocks_ahead=ahead)
+                    blocks_ahead=ahead, step_tokens=step_tokens)
 
 
 def arrival_index(queue: Sequence[Arrived], arrival_time: float) -> int:

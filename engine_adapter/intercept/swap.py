@@ -141,10 +141,13 @@ class SwapPlanner:
 
     # ------------------------------------------------------------------ per step
     def budgets(self, want_out_tokens: int, want_in_tokens: int, device_free_blocks: int,
-                reserved_out_tokens: int = 0) -> SwapBudget:
+                reserved_out_tokens: int = 0, batch_tokens: int | None = None) -> SwapBudget:
         """This iteration's (out, in) token budgets. `reserved_out_tokens`: what copies under way still
-        have to move, into host slots they reserved already (so not counted again against free ones)."""
-        n = int(swap_limit_tokens(self.profile, self.last_batch_tokens) * self.overlap)
+        have to move, into host slots they reserved already (so not counted again against free ones).
+        `batch_tokens`: the batch whose forward pass the copies hide behind (the paper's, and the
+        default: the previous iteration's)."""
+        batch = self.last_batch_tokens if batch_tokens is None else max(1, batch_tokens)
+        n = int(swap_limit_tokens(self.profile, batch) * self.overlap)
         b = split_swap_budget(n, want_out_tokens, want_in_tokens, self.slots.num_free * self.block_size + reserved_out_tokens,
                               device_free_blocks * self.block_size)
         self._step = StepSwap(limit=n, out_budget=b.out_tokens, in_budget=b.in_tokens)

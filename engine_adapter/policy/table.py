@@ -88,6 +88,10 @@ class PolicySpec:
     # Swapped contexts are copied back ahead of their call's predicted return, with link capacity and device
     # blocks nobody uses (`decide.prefetch_plan`, `InterceptCore._plan_prefetch`).
     prefetch: bool = False
+    # Size the per-iteration swap budget N_i to the forward pass of the step being built (its running
+    # requests' tokens) rather than the previous one's (the paper's): after a long prefill step, a short
+    # decode step hides fewer copies, and what outlasts it stalls every running request.
+    swap_budget_from_step: bool = False
 
     def __post_init__(self) -> None:
         if self.prefetch and not self.swap:
@@ -141,18 +145,19 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.PRESERVE, swap=True, decide=swap_long_calls, chunk_at_saturation=True, estimator="dynamic"),
     PolicySpec("infercept-paper", "per iteration, the paper's min-waste choice (Eq. 2, 4, 5) with its elapsed-time estimate of the call's remaining time",
                Action.PRESERVE, swap=True, decide=min_waste, chunk_at_saturation=True, estimator="dynamic"),
-    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; a call worth a swap is held one copy round trip before it may be swapped or discarded (calls shorter than that are not copied unless memory runs short); under memory pressure, preserved KV is swapped out rather than freed",
-               Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True),
+    PolicySpec("infercept", "per iteration, the paper's min-waste choice with our estimate of the remaining time (the type's duration distribution, learned online); a call that only missed this iteration's swap budget waits for a later one rather than being recomputed; a call worth a swap is held one copy round trip before it may be swapped or discarded (calls shorter than that are not copied unless memory runs short); under memory pressure, preserved KV is swapped out rather than freed; each iteration's swap budget is sized to the forward pass of the step being built, not the previous one",
+               Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True,
+               swap_budget_from_step=True),
     # Issue 33, first step: scheduling for agents. The per-iteration choice is infercept's; what changes is
     # who waits. A resumed request whose KV went is queued at its return (vLLM's place for it), and new
     # requests pass a resumed head that cannot be admitted, so that they do not starve behind it.
     PolicySpec("infercept-admit", "infercept, with a resumed request whose KV went queued at its return, and new requests admitted ahead of a resumed head that does not fit (for a bounded number of steps), so that new requests do not starve",
                Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_deferred, chunk_at_saturation=True,
-               swap_under_pressure=True, new_first=True),
+               swap_under_pressure=True, new_first=True, swap_budget_from_step=True),
     # Issue 33: fetch swapped contexts back before the call returns (KVFlow, Tokencake).
     PolicySpec("infercept-prefetch", "infercept, and a swapped context is copied back ahead of its call's return (when the call is likely over by the time the copy is) with link capacity and device memory nobody uses; the host copy is kept until the resume, so giving the blocks back under pressure costs nothing",
                Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True,
-               prefetch=True),
+               prefetch=True, swap_budget_from_step=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

@@ -29,8 +29,9 @@ def test_running_requests_share_the_budget_in_order_and_the_head_waits_when_none
     v = step_view(RUNNING, [req("h", 0, 50, 0)], limits(64))
     # a: 0 blocks, b: 1, c: 62 tokens of its prompt (4 blocks); no budget left for h, still named.
     # Ahead: c's whole prompt (13 blocks) and h's (4).
+    # The step computes the whole budget: a's and b's decode tokens and 62 of c's prompt.
     assert v == StepView(blocks_needed=5, head_waiting="h", head_blocks=0, running_requests=3, running_tokens=212,
-                         blocks_ahead=0 + 1 + 13 + 4)
+                         blocks_ahead=0 + 1 + 13 + 4, step_tokens=64)
 
 
 def test_the_head_is_admitted_only_when_its_whole_sequence_fits_under_reserve_full_isl() -> None:
@@ -39,6 +40,7 @@ def test_the_head_is_admitted_only_when_its_whole_sequence_fits_under_reserve_fu
     # it only when its 500 tokens (32 blocks) fit.
     v = step_view(RUNNING, head, limits(300))
     assert (v.blocks_needed, v.head_blocks, v.blocks_ahead) == (1 + 13 + 32, 32, 1 + 13 + 32)
+    assert v.step_tokens == 202  # the running requests' only: whether h is admitted depends on free blocks
     v = step_view(RUNNING, head, limits(300, full=False))
     assert (v.blocks_needed, v.head_blocks, v.blocks_ahead) == (1 + 13 + 7, 7, 1 + 13 + 32)
 

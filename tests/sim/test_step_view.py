@@ -25,7 +25,7 @@ RESUMED = ("t", 300, 330, 19)
 WAITING = ("h", 0, 500, 0)
 # Budget 300: a 1 token, b 1 (1 block), c 200 (13 blocks), then t is the head: 30 tokens, 2 blocks past its 19.
 EXPECTED = StepView(blocks_needed=16, head_waiting="t", head_blocks=2, running_requests=3, running_tokens=212,
-                    blocks_ahead=16)
+                    blocks_ahead=16, step_tokens=202)
 
 
 def sim_request(pool: BlockPool, rid: str, computed: int, tokens: int, blocks: int, status: Status) -> SimRequest:
