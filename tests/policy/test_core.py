@@ -664,3 +664,21 @@ def test_a_resumed_request_whose_prefix_came_from_a_host_tier_can_be_evicted_too
     pool.ready = ["b", "a"]
     step(core, pool, 1.01, StepView(blocks_needed=4, head_waiting="b", head_blocks=4, running_requests=0))
     assert pool.evicted == ["a"] and core.entries["a"].state is KvState.RECOMPUTE_QUEUED
+
+
+def test_infercept_sizes_the_swap_budget_to_the_step_being_built_and_the_paper_to_the_last_one() -> None:
+    # Forward time grows with the step's tokens: 1 ms for one token, 100 ms for 1,000.
+    prof = dataclasses.replace(PROFILE, fwd_tokens=(1, 1000), fwd_seconds=(0.001, 0.1))
+    decode_after_prefill = StepView(0, None, running_requests=4, running_tokens=2000, step_tokens=4)
+    limits = {}
+    for policy in ("infercept", "infercept-paper"):
+        pool = Pool()
+        spec = policy_spec(policy)
+        core = InterceptCore(spec, pool, block_size=BLOCK, profile=prof, estimator=DurationEstimator("prior"),
+                             settings=CoreSettings(ttl_s={}), swap=SwapPlanner(prof, BLOCK, 32))
+        core.swap.last_batch_tokens = 1000  # the step before was a long prefill
+        core.before_schedule(lambda: decode_after_prefill, 0.0)
+        limits[policy] = core.swap.limit_tokens
+    # N_i = T_fwd(batch) x bandwidth / M: the 4-token step hides 4 ms of copies, the 1,000-token one 100 ms.
+    bw = PROFILE.swap_in_bytes_per_s / PROFILE.kv_bytes_per_token
+    assert limits == {"infercept": int(prof.t_fwd_s(4) * bw), "infercept-paper": int(0.1 * bw)}
