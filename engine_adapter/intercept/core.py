@@ -86,6 +86,7 @@ class InterceptCore:
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
         self.passed_over_steps = 0  # steps whose new requests went ahead of a blocked resumed head
         self._last_running_tokens = 0  # the running batch's context at the last step (continuum's reload cost)
+        self._budget_batch = 1  # B_i the step's swap budget was sized to (`_plan_swaps`)
         self._passed_over: tuple[str, int] | None = None  # (blocked resumed head, steps it was passed over)
         # Read-only watchers (experiments, tracing): called after every change of an entry's KvState, with
         # the engine's clock where the transition has one (None for the copies the workers report). They
@@ -529,13 +530,16 @@ class InterceptCore:
         queued_in = [e.host for e in self._ordered(KvState.LOAD_QUEUED) if e.host]
         want_in = sum(h.blocks_to_load for h in queued_in + loading) * self.block_size
         want_out = inflight + sum(sw.blocks(v.context_tokens) for v in candidates) * self.block_size
-        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight,
-                            batch_tokens=view.get().step_tokens if self.spec.swap_budget_from_step else None)
+        # B_i: the batch the copies hide behind (the step being built, or the paper's previous one); the
+        # decisions' step time is the same step's, so that their wait for the budget is in its units.
+        batch = max(1, view.get().step_tokens) if self.spec.swap_budget_from_step else sw.last_batch_tokens
+        self._budget_batch = batch
+        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight, batch_tokens=batch)
         if candidates and self.spec.decide is not None:
             decision = self.spec.decide(DecisionInput(
                 now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,
                 block_size=self.block_size, running_tokens=view.get().running_tokens,
-                running_requests=view.get().running_requests, last_batch_tokens=sw.last_batch_tokens,
+                running_requests=view.get().running_requests, last_batch_tokens=batch,
                 swap_out_budget_tokens=max(0, budget.out_tokens - inflight), host_free_blocks=sw.slots.num_free,
                 prefix_caching=self.spec.prefix_caching, swap_queue_tokens=want_in + inflight,
                 swap_limit_tokens=sw.limit_tokens,
@@ -576,7 +580,7 @@ class InterceptCore:
             now_s=now, swapped=[s for s in self._views(KvState.SWAPPED) if s.request_id not in self._not_fetched_now],
             fetched=self._views(KvState.PREFETCHING) + self._views(KvState.PREFETCHED),
             estimator=self.estimator, profile=self.profile, block_size=self.block_size,
-            step_s=self.profile.t_fwd_s(max(1, sw.last_batch_tokens)), spare_blocks=spare,
+            step_s=self.profile.t_fwd_s(self._budget_batch), spare_blocks=spare,
             pipeline_blocks=sum(e.host.blocks_to_load for e in fetching if e.host),
             room_blocks=self.kv.num_free_blocks() - need, min_p=self.settings.prefetch_min_p, free_slots=slots,
         ))

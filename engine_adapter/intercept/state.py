@@ -142,8 +142,8 @@ class StepView:
     # New blocks the running requests and that waiting one need to finish the prompt or recompute
     # they are in (not capped by this step's token budget): the room a swap under pressure makes ahead.
     blocks_ahead: int = 0
-    # Tokens the running requests compute this step, within the token budget: a lower bound of the step's
-    # work (whether waiting requests are admitted too depends on the blocks vLLM finds free).
+    # Tokens the running requests compute this step, within the token budget: their share of the step's work
+    # (vLLM may admit waiting requests too, depending on the blocks it finds free, or preempt one of these).
     step_tokens: int = 0
 
 

@@ -202,7 +202,9 @@ class DecisionInput:
     block_size: int
     running_tokens: int  # context tokens of the running batch (C_other of Eq. 1 and 4)
     running_requests: int
-    last_batch_tokens: int  # tokens the previous iteration scheduled (B_i of the swap limit)
+    # B_i of the swap limit: the tokens the previous iteration scheduled (the paper's), or those the step
+    # being built computes (`PolicySpec.swap_budget_from_step`); T_fwd of it is the decisions' step time.
+    last_batch_tokens: int
     swap_out_budget_tokens: int
     host_free_blocks: int
     prefix_caching: bool  # freed full blocks stay hittable, so a discard recomputes only the tail

@@ -16,7 +16,7 @@ from engine_adapter.intercept.state import KvState, PauseInfo, ResumeKind, StepV
 from engine_adapter.intercept.swap import SwapPlanner
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
-from engine_adapter.policy.table import policy_spec
+from engine_adapter.policy.table import POLICY_NAMES, policy_spec
 
 BLOCK = 16
 # Forward 10 ms per step at any size; swaps at 1,600 B/s of a 100 B/token KV: N_i = 0.16 tokens... so
@@ -682,3 +682,5 @@ def test_infercept_sizes_the_swap_budget_to_the_step_being_built_and_the_paper_t
     # N_i = T_fwd(batch) x bandwidth / M: the 4-token step hides 4 ms of copies, the 1,000-token one 100 ms.
     bw = PROFILE.swap_in_bytes_per_s / PROFILE.kv_bytes_per_token
     assert limits == {"infercept": int(prof.t_fwd_s(4) * bw), "infercept-paper": int(0.1 * bw)}
+    assert [n for n in POLICY_NAMES if policy_spec(n).swap_budget_from_step] == ["infercept", "infercept-admit",
+                                                                                  "infercept-prefetch"]
