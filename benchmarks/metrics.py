@@ -213,12 +213,15 @@ def run_at_knee(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s:
     return passing[0] if passing else min(runs.values(), key=lambda r: r["rate"])
 
 
-def next_probe(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None, rel_tol: float) -> float | None:
+def next_probe(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None, rel_tol: float,
+               step: float | None = None) -> float | None:
     """Bisection: the rate to try next between the knee and the lowest failing rate, or None once they
-    are within `rel_tol` of each other (or nothing failed: the knee is censored)."""
+    are within `rel_tol` of each other. A censored knee (nothing failed) is searched above: `step` over
+    the highest rate tried (None: left censored), so that a policy passing the whole grid (the bound,
+    most of all) is not reported at the grid's top."""
     rate, censored = max_rate_at_slo(runs, slo_s, ttft_slo_s)
     if censored:
-        return None
+        return round(rate + step, 4) if step else None
     hi = min(float(r["rate"]) for r in runs.values() if not meets_slo(r, slo_s, ttft_slo_s))
     if hi - rate <= rel_tol * hi:
         return None

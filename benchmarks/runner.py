@@ -82,6 +82,17 @@ class Plan:
     reprofile: bool = False  # measure the tiny model's profile on this machine before anything else
     budget_from_profile: bool = True  # S, the default budget, is the (re-measured) profile's
 
+    @property
+    def extend_step(self) -> float:
+        """How far above the highest rate tried a censored knee is searched: the grid's top step."""
+        r = sorted(self.rates)
+        return r[-1] - r[-2] if len(r) > 1 else r[-1]
+
+    @property
+    def highest_probe(self) -> float:
+        """The highest rate the search can reach: a policy passing everything climbs one step a round."""
+        return max(self.rates) + self.refine * self.extend_step
+
     def fingerprint(self) -> dict[str, Any]:
         """What decides the points a run measures: a resumed run must agree on all of it."""
         s = self.setting
@@ -256,9 +267,9 @@ async def prepare(plan: Plan) -> Workloads:
         if plan.budget_from_profile:
             plan.token_budget = int(json.loads(path.read_text())["saturation_tokens"])
     # The bound's KV holds every request of the busiest workload at its largest context at once, and it
-    # gets a running slot for each: the grid's highest rate is the busiest bisection can reach.
+    # gets a running slot for each: the busiest is the highest rate the search can reach (`highest_probe`).
     w = Workloads(plan)
-    top = [w[(seed, max(plan.rates))] for seed in plan.seeds]
+    top = [w[(seed, plan.highest_probe)] for seed in plan.seeds]
     s.unlimited_kv_tokens = max(sum(context_tokens(r) for r in reqs) for reqs in top)
     s.unlimited_kv_slots = max(len(reqs) for reqs in top)
     return w
@@ -281,7 +292,7 @@ async def sweep(b: Bench, labels: Sequence[str], budgets: dict[str, int | None],
                 if rnd == 0:
                     rates: list[float] = list(p.rates)
                 else:
-                    probe = next_probe(have, slo_s, ttft_slo_s, p.rel_tol)
+                    probe = next_probe(have, slo_s, ttft_slo_s, p.rel_tol, p.extend_step)
                     if probe is None:
                         continue
                     rates = [probe]

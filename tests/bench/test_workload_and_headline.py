@@ -88,7 +88,12 @@ def test_bisection_probes_between_the_knee_and_the_first_failure() -> None:
     assert next_probe(runs, 0.05, None, rel_tol=0.1) == 8.25
     runs["8.25"] = run(8.25, 0.06)
     assert next_probe(runs, 0.05, None, rel_tol=0.1) is None  # 7.5 vs 8.25: within 10%
-    assert next_probe({"3": run(3, 0.01)}, 0.05, None, rel_tol=0.1) is None  # censored: nothing to refine
+    assert next_probe({"3": run(3, 0.01)}, 0.05, None, rel_tol=0.1) is None  # censored, no step: left so
+    # censored with a step: searched above the highest rate passed, then bisected once something fails
+    runs = {"2": run(2, 0.01), "4": run(4, 0.02), "6": run(6, 0.03)}
+    assert next_probe(runs, 0.05, None, rel_tol=0.1, step=2) == 8
+    runs["8"] = run(8, 0.07)
+    assert next_probe(runs, 0.05, None, rel_tol=0.1, step=2) == 7
     assert next_probe({"3": run(3, 0.09)}, 0.05, None, rel_tol=0.1) == 1.5  # failed at the lowest: go below
 
 
@@ -200,3 +205,15 @@ def test_the_simulated_sweep_gives_the_bound_a_slot_per_session(tmp_path) -> Non
     sessions = max(res["requests_per_rate"].values())
     assert sessions > 4 and bench.setting.unlimited_kv_slots == sessions
     assert bench.engine(BOUND).sched.max_num_seqs == sessions and bench.engine("discard").sched.max_num_seqs == 4
+
+
+def test_the_bound_is_sized_for_the_highest_rate_the_search_can_reach() -> None:
+    from pathlib import Path
+
+    from infercept.benchmarks.runner import Plan
+
+    plan = Plan(workload="mixed", labels=["infercept"], rates=[2, 4, 6], duration_s=30, seeds=[1], token_budget=512,
+                tune=False, ablation=False, slo_factor=5, setting=Setting(), out=Path("unused"), command="", refine=2)
+    assert plan.extend_step == 2 and plan.highest_probe == 10  # censored at 6: probes 8, then 10
+    plan.rates, plan.refine = [3], 1
+    assert plan.extend_step == 3 and plan.highest_probe == 6
