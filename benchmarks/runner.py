@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import platform
 import random
@@ -202,7 +203,7 @@ class Bench:
         self.plan, self.bar = plan, bar
         self.store = PointStore(plan.out, plan.fingerprint())
         self.workloads = workloads
-        self.engines: dict[str, Any] = {}
+        self.machine = machine() | {"host": platform.node()}  # in every point: a resumed run may be on another host
 
     async def runs(self, label: str, budget: int | None, seed: int, rates: Sequence[float], phase: str) -> dict[str, Any]:
         """The points of one policy at one budget and seed, measured where not on disk: one engine for
@@ -215,10 +216,11 @@ class Bench:
             self.bar.set_postfix_str(f"{phase} {label} b={budget_key(budget)} seed {seed}")
             sat = budget if chunked(label) and budget is not None else None
             async with EngineRun(variant(label), self.plan.setting, budget, sat) as er:
-                self.engines.setdefault(label, await er.info())
+                info = await er.info()  # kept in every point: a resumed run's summary reads it from there
                 for r in todo:
                     res = await er.run(self.workloads[(seed, r)], r) | {"seed": seed, "budget": budget_key(budget),
-                                                                         "commit": git_commit(), "finished": time.time()}
+                                                                         "commit": git_commit(), "finished": time.time(),
+                                                                         "engine": info, "machine": self.machine}
                     self.store.put(keys[r], res)
                     out[f"{r:g}"] = res
                     self.bar.update(1)
@@ -233,7 +235,7 @@ class Bench:
             p = self.plan
             first = self.workloads[(p.seeds[0], min(p.rates))]
             async with EngineRun(variant(BOUND), p.setting, p.token_budget) as er:
-                got = await er.unloaded(first[:p.calibration_requests]) | {"when": when}
+                got = await er.unloaded(first[:p.calibration_requests]) | {"when": when, "machine": self.machine}
             self.store.put(key, got)
         self.bar.update(1)
         return got
@@ -329,11 +331,12 @@ async def bench(plan: Plan) -> dict[str, Any]:
             pilot[label] = {}
             for budget in budgets_tried(label, plan.token_budget):
                 runs = await b.runs(label, budget, plan.seeds[0], plan.pilot_rates, "pilot")
+                score = sum(r["normalized_latency_s"]["median"] or math.inf for r in runs.values())
                 pilot[label][budget_key(budget)] = {
-                    "score": sum(r["normalized_latency_s"]["median"] or float("inf") for r in runs.values()),
+                    "score": score if math.isfinite(score) else None,  # None: a rate finished no request
                     **{rate: {"normalized_latency_median_s": r["normalized_latency_s"]["median"], "completed": r["completed"],
                               "requests": r["requests"]} for rate, r in runs.items()}}
-            best = min(pilot[label], key=lambda k: pilot[label][k]["score"])
+            best = min(pilot[label], key=lambda k: pilot[label][k]["score"] or math.inf)
             budgets[label] = None if best == "vllm-default" else int(best)
         for label in labels:
             if "@" in label:
@@ -354,9 +357,15 @@ async def bench(plan: Plan) -> dict[str, Any]:
         print(f"warning: {label} beats the bound {BOUND} by more than 5% ({head[label]['max_rate_at_slo']:.2f} vs "
               f"{head[BOUND]['max_rate_at_slo']:.2f} req/s): the benchmark is wrong, not the policy", file=sys.stderr)
     steady = [ok for h in head.values() for ok in h["steady_at_slo_rate"]]
+    # Read from the points, not this process: a resumed run measured some of them in an earlier one.
+    points = [r for by_seed in results.values() for by_rate in by_seed.values() for r in by_rate.values()]
+    made = {(int(r["seed"]), float(r["rate"])): b.workloads[(int(r["seed"]), float(r["rate"]))] for r in points}
+    finished = [r["finished"] for r in points if r.get("finished")]
     result: dict[str, Any] = {
         "command": plan.command, "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
         "elapsed_s": time.time() - t_start, "resumed_points": b.store.resumed, "machine": machine(),
+        "points_finished": {"first": min(finished, default=None), "last": max(finished, default=None)},
+        "machines": [json.loads(m) for m in sorted({json.dumps(r["machine"], sort_keys=True) for r in points if r.get("machine")})],
         "workload": plan.workload, "rates": plan.rates, "duration_s": plan.duration_s, "seeds": plan.seeds,
         "policies": labels, "token_budget": {label: budgets.get(label) for label in labels},
         "token_budget_default": plan.token_budget, "baselines_tuned": plan.tune,
@@ -368,10 +377,11 @@ async def bench(plan: Plan) -> dict[str, Any]:
         "steady_state": {"rule": "last arrival quarter's median normalized latency within 25% of the second's",
                          "steady_runs_at_knee": sum(steady), "runs_at_knee": len(steady)},
         "setting": asdict(s) | {"profile_data": profile_doc(s)},
-        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in b.workloads.made.items()},
+        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in sorted(made.items())},
         "request_mix": {f"{seed}/{rate:g}": {t: sum(1 for q in w if q.aug_type == t) for t in WORKLOADS[plan.workload]}
-                        for (seed, rate), w in b.workloads.made.items()},
-        "engines": b.engines,
+                        for (seed, rate), w in sorted(made.items())},
+        "engines": {label: next((r["engine"] for s_ in by_seed.values() for r in s_.values() if "engine" in r), None)
+                    for label, by_seed in results.items()},
         "slo": {"slo_factor": plan.slo_factor, "ttft_factor": plan.ttft_factor,
                 "reference": f"{BOUND} engine, {unloaded['requests']} requests one at a time, zero-time calls; "
                              "measured before the first policy and after the last, the faster kept",

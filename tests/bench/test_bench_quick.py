@@ -32,6 +32,10 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
                 "token_budget", "baselines_tuned", "bound_violations", "order", "priors", "steady_state", "refine"):
         assert key in d, key
     assert d["command"].startswith("infercept bench --quick")
+    # Read from the points (a resumed run measured some of them in an earlier process, maybe on another host).
+    assert len(d["machines"]) == 1 and d["machines"][0]["host"] and d["points_finished"]["first"] <= d["points_finished"]["last"]
+    assert all(r["engine"]["policy"] and r["machine"] == d["machines"][0]
+               for by_seed in d["results"].values() for by_rate in by_seed.values() for r in by_rate.values())
     assert d["setting"]["model"] == "tiny" and d["setting"]["kv_tokens"] > 0
     # One token budget for all (the profile's S), and the bound's KV holds every context at once.
     budget = d["setting"]["profile_data"]["saturation_tokens"]

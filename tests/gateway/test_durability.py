@@ -133,7 +133,7 @@ async def test_kill_9_mid_turn_then_restart_restores_every_session(tmp_path: Pat
         assert stored(db, done.id) is None
 
         # SIGTERM: drain. The running turn finishes; new work is refused meanwhile; exit 0.
-        runner = await c.create_session(tools=[], max_tokens=2000)
+        runner = await c.create_session(tools=[], max_tokens=2000, ignore_eos=True)  # (the end token ends it early)
         stream = c.stream_message(runner, "Tell me a story")
         seen = await read_tokens(stream, 3)
         b.signal(signal.SIGTERM)
@@ -155,14 +155,16 @@ async def test_kill_9_mid_turn_then_restart_restores_every_session(tmp_path: Pat
 async def test_a_second_sigterm_exits_at_once(tmp_path: Path, servers: list[ServerProcess]) -> None:
     port = free_port()
     db = tmp_path / "state" / "sessions.db"
-    cfg = write_config(tmp_path / "serve.yaml", port=port, state_path=str(db), server={"drain_s": 600})
+    cfg = write_config(tmp_path / "serve.yaml", port=port, state_path=str(db), server={"drain_s": 600},
+                       engine={"max_model_len": 4096})
     s = ServerProcess(cfg, port, tmp_path / "c.log").start()
     servers.append(s)
     await s.wait_ready()
     async with AsyncClient(s.url) as c:
-        # ignore_eos: the turn runs its 2000 tokens (about 14 s here) whatever the tiny model's greedy path
-        # is on this CPU (on CI's it met the end token first once, and the turn was over before the signal).
-        ref = await c.create_session(tools=[], max_tokens=2000, ignore_eos=True)
+        # ignore_eos: the turn runs its 4000 tokens whatever the tiny model's greedy path is on this CPU (on
+        # CI's it met the end token first once, and the turn was over before the signal); 4000, not 2000: a
+        # 2000-token turn took under 8 s once, and was over before the second signal.
+        ref = await c.create_session(tools=[], max_tokens=4000, ignore_eos=True)
         stream = c.stream_message(ref, "Tell me a very long story")
         seen = await read_tokens(stream, 5)
         engine = s.engine_pids()
