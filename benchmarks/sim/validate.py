@@ -62,9 +62,12 @@ def measured_runs(bj: Mapping[str, Any], label: str, seed: int) -> dict[str, Any
 
 
 def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
-    """Each policy's token budget as its engine reported it; the bench's default where it is absent."""
+    """Each policy's token budget as its engine reported it (a null budget in `token_budget` is vLLM's
+    default, which only the engine knows); the bench's default where neither says."""
     default = bj.get("token_budget_default")
-    return {lab: (b if b is not None else default) for lab, b in (bj.get("token_budget") or {}).items()}
+    engines = bj.get("engines") or {}
+    return {lab: next((x for x in ((engines.get(lab) or {}).get("token_budget"), b) if x is not None), default)
+            for lab, b in (bj.get("token_budget") or {}).items()}
 
 
 def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,

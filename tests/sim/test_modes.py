@@ -296,3 +296,12 @@ def test_paper_run_records_the_link_it_ran_on(tmp_path: Path) -> None:
     run = PaperRun(rates=(1.0,), duration_s=5.0, drain_s=20.0, seeds=(1,), policies=("vllm-apc",), link_gbps=10.0)
     res = run_paper(run, verbose=False)
     assert res["setting"]["swap_link_gbps"] == 10.0 and res["setting"]["swap_bytes_per_s"] == 10e9
+
+
+def test_validation_takes_each_policys_budget_from_its_engine() -> None:
+    from infercept.benchmarks.sim.validate import bench_budgets
+
+    bj = {"token_budget_default": 512, "token_budget": {"discard": None, "infercept": 1024, "swap": None},
+          "engines": {"discard": {"token_budget": 2048}, "infercept": {"token_budget": 1024}}}
+    # vLLM's default (null) as the engine reported it; the bench's default only where nothing says.
+    assert bench_budgets(bj) == {"discard": 2048, "infercept": 1024, "swap": 512}
