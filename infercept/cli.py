@@ -171,6 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a rate passes only if new requests' p99 time to first token is within this x its unloaded p90 (0: off)")
     bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
     bench.add_argument("--out", default="results/bench")
+    bench.add_argument("--report", metavar="BENCH_JSON", help="print a finished run's headline as the docs' markdown "
+                       "table (best peer picked from the data) and exit; measures nothing")
     bench.set_defaults(func=_cmd_bench)
 
     load = sub.add_parser("loadtest", help="reliability under load and faults: concurrent sessions, disconnects, "
@@ -210,6 +212,10 @@ def _cmd_loadtest(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.report:
+        from infercept.benchmarks.report import main as report_main
+
+        return report_main(args.report)
     from infercept.benchmarks.runner import main as bench_main
 
     return bench_main(args)

@@ -217,3 +217,33 @@ def test_the_bound_is_sized_for_the_highest_rate_the_search_can_reach() -> None:
     assert plan.extend_step == 2 and plan.highest_probe == 10  # censored at 6: probes 8, then 10
     plan.rates, plan.refine = [3], 1
     assert plan.extend_step == 3 and plan.highest_probe == 6
+
+
+def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> None:
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from infercept.benchmarks.replay import REPO
+    from infercept.benchmarks.report import best_peer, markdown_table
+
+    path = REPO / "results/bench/mixed/bench.json"
+    result = json.loads(path.read_text())
+    head = result["headline"]
+    peer = best_peer(head)
+    # The best peer is a peer (never the bound or an infercept policy) with the highest median max rate.
+    assert peer not in (BOUND, "infercept", "infercept-admit")
+    assert all(head[peer]["max_rate_at_slo"] >= h["max_rate_at_slo"] for p, h in head.items() if p in ("vllm-apc", "continuum", "swap"))
+    rows = {line.split(" | ")[0].strip("| `").split("`")[0]: line for line in markdown_table(result).splitlines() if line.startswith("| `")}
+    assert set(rows) == set(head)
+    for label, h in head.items():
+        assert f"{h['max_rate_at_slo']:.2f}" in rows[label]
+        assert f"{h['waste_share_at_slo_rate']:.1%}" in rows[label]
+    exe = Path(sys.executable).parent / "infercept"
+    ok = subprocess.run([str(exe), "bench", "--report", str(path)], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip() == markdown_table(result)
+    bad = tmp_path / "bench.json"
+    bad.write_text(json.dumps({"seeds": [1]}))
+    refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and "not a finished run's bench.json" in refused.stderr

@@ -1,0 +1,99 @@
+"""The headline of a `bench.json` as the markdown table docs/results.md carries (`infercept bench --report
+FILE`), so that the docs' numbers come from the data by a command rather than by hand.
+
+The best peer is the peer with the highest median max rate, picked from the data: the peers are the
+policies users run today and the simple baselines (`PEERS`), never the bound, an `infercept` variant or a
+priors row (`POLICY@MODE`)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from infercept.benchmarks.metrics import BOUND
+
+PEERS = ("discard", "vllm-apc", "vllm-offload", "continuum", "ttl", "preserve", "swap", "infercept-paper")
+
+
+def best_peer(head: Mapping[str, Mapping[str, Any]]) -> str | None:
+    """The peer run with the highest median max rate (ties: the one with the higher minimum over seeds,
+    then the earlier in `PEERS`)."""
+    run = [p for p in PEERS if p in head]
+    if not run:
+        return None
+    return max(run, key=lambda p: (head[p]["max_rate_at_slo"], head[p]["max_rate_min"], -PEERS.index(p)))
+
+
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def _ms_or_s(x: float | None) -> str:
+    if x is None:
+        return "-"
+    return f"{x * 1000:.0f} ms" if x < 1 else f"{x:.1f} s"
+
+
+def _ratio(h: Mapping[str, Any], ref: str) -> str:
+    key = "bound" if ref == BOUND else ref
+    r, ci = h.get(f"ratio_vs_{key}"), h.get(f"ratio_ci_vs_{key}")
+    if r is None:
+        return "-"
+    return f"{r:.2f} [{ci[0]:.2f}..{ci[1]:.2f}]" if ci else f"{r:.2f}"
+
+
+def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None) -> str:
+    """One row per policy: max rate at the SLO (median (min..max): per seed; `+` where censored), the
+    ratio to the best peer and to the bound (median vs median [paired bootstrap over seeds]), and at each
+    knee (medians over seeds) TTFT p50/p99, resume p50/p99, JCT mean/p90, goodput and KV waste."""
+    head = result["headline"]
+    peer = best_peer(head)
+    labels = list(order or result.get("policies") or head)
+    lines = [f"| policy | max rate at the SLO, req/s: median (min..max): per seed | vs best peer `{peer}` [bootstrap] "
+             "| vs bound | TTFT p50 / p99 | resume p50 / p99 | JCT mean / p90 | goodput | KV waste |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for label in labels:
+        h = head.get(label)
+        if h is None:
+            continue
+        seeds = ", ".join(f"{v:g}" for _, v in sorted(h["max_rate_by_seed"].items(), key=lambda kv: int(kv[0])))
+        rate = f"{h['max_rate_at_slo']:.2f}{'+' if h['censored'] else ''}"
+        if label == peer:
+            rate = f"**{rate}**"
+        name = f"`{label}` (bound)" if label == BOUND else f"`{label}`"
+        lines.append(" | ".join([
+            f"| {name}", f"{rate} ({h['max_rate_min']:.2f}..{h['max_rate_max']:.2f}): {seeds}",
+            "1.00" if label == peer else (_ratio(h, peer) if peer else "-"),
+            "1.00" if label == BOUND else _ratio(h, BOUND),
+            f"{_ms_or_s(h.get('ttft_p50_s'))} / {_ms_or_s(h.get('ttft_p99_s'))}",
+            f"{_ms_or_s(h.get('resume_p50_s'))} / {_ms_or_s(h.get('resume_p99_s'))}",
+            f"{_num(h.get('jct_mean_s'), '{:.1f}')} / {_num(h.get('jct_p90_s'), '{:.1f}')} s",
+            f"{_num(h.get('goodput_rps'), '{:.2f}')}/s", f"{_num(h.get('waste_share_at_slo_rate'), '{:.1%}')} |"]))
+    slo = result["slo"]
+    ttft = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""
+    lines += ["", f"SLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token{ttft}. "
+              "`+`: no rate tried failed (the knee is at least this). Ratios: median vs median over seeds, "
+              "[paired bootstrap over seeds]. TTFT, resume, JCT, goodput and waste at each policy's knee, median over seeds.",
+              f"Bound violations: {', '.join(result.get('bound_violations') or []) or 'none'}."]
+    steady = result.get("steady_state") or {}
+    if steady.get("runs_at_knee"):
+        lines.append(f"Steady runs at the knees: {steady['steady_runs_at_knee']} of {steady['runs_at_knee']}.")
+    return "\n".join(lines)
+
+
+def main(path: str) -> int:
+    import sys
+
+    try:
+        result = json.loads(Path(path).read_text())
+        table = markdown_table(result)
+    except (OSError, ValueError) as e:
+        print(f"error: {path}: {e}", file=sys.stderr)
+        return 2
+    except KeyError as e:
+        print(f"error: {path}: not a finished run's bench.json (no {e})", file=sys.stderr)
+        return 2
+    print(table)
+    return 0
