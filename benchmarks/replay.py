@@ -94,6 +94,10 @@ class Setting:
 
         tokens = max(self.kv_tokens, self.unlimited_kv_tokens) if v.unlimited_kv else self.kv_tokens
         slots = max(self.max_num_seqs, self.unlimited_kv_slots) if v.unlimited_kv else self.max_num_seqs
+        if v.unlimited_kv and token_budget is not None and slots > token_budget:
+            # vLLM refuses max_num_seqs above max_num_batched_tokens; the bound needs a slot per session, so
+            # its budget grows to its slots (more than the others get: a bound may have more, never less).
+            token_budget = slots
         if vllm_limits and token_budget is not None and slots > token_budget:
             # vLLM refuses max_num_seqs above max_num_batched_tokens: say so in the benchmark's terms.
             raise ValueError(f"{v.label}: {slots} running slots (one per session) exceed the token budget of {token_budget} "

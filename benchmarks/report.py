@@ -2,8 +2,8 @@
 FILE`), so that the docs' numbers come from the data by a command rather than by hand.
 
 The best peer is the peer with the highest median max rate, picked from the data: the peers are the
-policies users run today and the simple baselines (`PEERS`), never the bound, an `infercept` variant or a
-priors row (`POLICY@MODE`)."""
+policies users run today, the simple baselines and the paper's own policy (`PEERS`), never the bound, one
+of this project's `infercept` policies or a priors row (`POLICY@MODE`)."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def main(path: str) -> int:
     try:
         result = json.loads(Path(path).read_text())
         table = markdown_table(result)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, TypeError, AttributeError) as e:
         print(f"error: {path}: {e}", file=sys.stderr)
         return 2
     except KeyError as e:

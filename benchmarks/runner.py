@@ -92,7 +92,7 @@ class Plan:
     @property
     def highest_probe(self) -> float:
         """The highest rate the search can reach: a policy passing everything climbs one step a round."""
-        return max(self.rates) + self.refine * self.extend_step
+        return round(max(self.rates) + self.refine * self.extend_step, 4)  # rounded as the probes are
 
     def fingerprint(self) -> dict[str, Any]:
         """What decides the points a run measures: a resumed run must agree on all of it."""

@@ -191,9 +191,12 @@ def test_the_bound_gets_kv_and_a_running_slot_for_every_session_and_the_others_d
         assert cfg.max_num_seqs == 64 and (cfg.num_kv_blocks - 1) * s.block_size == 4096, label
     # Never fewer than the others get.
     assert Setting(max_num_seqs=64, unlimited_kv_slots=10).engine_config(VARIANTS[BOUND], 512).max_num_seqs == 64
+    # More sessions than the budget has tokens (vLLM refuses max_num_seqs above it): the bound's budget grows.
+    big = Setting(max_num_seqs=64, unlimited_kv_slots=549).engine_config(VARIANTS[BOUND], 512)
+    assert big.max_num_seqs == 549 and big.max_num_batched_tokens == 549
     # vLLM needs max_num_batched_tokens >= max_num_seqs: more sessions than the bound's budget is a clear error.
     with pytest.raises(ValueError, match="600 running slots .* exceed the token budget of 512"):
-        Setting(unlimited_kv_slots=600).engine_config(VARIANTS[BOUND], 512)
+        Setting(max_num_seqs=600).engine_config(VARIANTS["infercept"], 512)  # a policy's budget is its own
 
 
 def test_the_simulated_sweep_gives_the_bound_a_slot_per_session(tmp_path) -> None:
@@ -226,7 +229,7 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     from pathlib import Path
 
     from infercept.benchmarks.replay import REPO
-    from infercept.benchmarks.report import best_peer, markdown_table
+    from infercept.benchmarks.report import PEERS, best_peer, markdown_table
 
     path = REPO / "results/bench/mixed/bench.json"
     result = json.loads(path.read_text())
@@ -234,7 +237,8 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     peer = best_peer(head)
     # The best peer is a peer (never the bound or an infercept policy) with the highest median max rate.
     assert peer not in (BOUND, "infercept", "infercept-admit")
-    assert all(head[peer]["max_rate_at_slo"] >= h["max_rate_at_slo"] for p, h in head.items() if p in ("vllm-apc", "continuum", "swap"))
+    assert peer == "vllm-offload"  # that run's best peer, as docs/results.md names it
+    assert all(head[peer]["max_rate_at_slo"] >= h["max_rate_at_slo"] for p, h in head.items() if p in PEERS)
     rows = {line.split(" | ")[0].strip("| `").split("`")[0]: line for line in markdown_table(result).splitlines() if line.startswith("| `")}
     assert set(rows) == set(head)
     for label, h in head.items():
@@ -247,3 +251,6 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     bad.write_text(json.dumps({"seeds": [1]}))
     refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and "not a finished run's bench.json" in refused.stderr
+    bad.write_text("[1, 2]")
+    refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 2 and refused.stderr.startswith("error:")
