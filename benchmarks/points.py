@@ -43,6 +43,12 @@ class PointStore:
     def key(*parts: object) -> str:
         return "__".join(str(p).replace("/", "-").replace(" ", "") for p in parts)
 
+    def machines(self) -> list[dict[str, Any]]:
+        """The distinct machines the points on disk were measured on (points record theirs)."""
+        seen = {_dump(m): m for path in sorted(self.dir.glob("*.json"))
+                if (m := json.loads(path.read_text()).get("machine"))}
+        return list(seen.values())
+
     def get(self, key: str) -> Any | None:
         path = self.dir / f"{key}.json"
         return json.loads(path.read_text()) if path.is_file() else None

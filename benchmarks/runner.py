@@ -117,6 +117,16 @@ def machine() -> dict[str, Any]:
     return info
 
 
+def hardware(m: dict[str, Any]) -> str:
+    """What makes two machines' points comparable: CPU model, cores and vector flags (not the host name)."""
+    return f"{m.get('cpu')}, {m.get('cpus')} cores, {' '.join(m.get('cpu_flags') or [])}"
+
+
+def other_hardware(mine: dict[str, Any], earlier: list[dict[str, Any]]) -> list[str]:
+    """The hardware of earlier points' machines that differs from this one's."""
+    return sorted({hardware(m) for m in earlier} - {hardware(mine)})
+
+
 def _git(*args: str) -> str | None:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, cwd=REPO, check=True).stdout.strip()
@@ -323,6 +333,10 @@ async def bench(plan: Plan) -> dict[str, Any]:
         b = Bench(plan, bar, workloads)
         if b.store.resumed:
             print(f"resuming {plan.out}: {b.store.resumed} points already measured with this plan and code", file=sys.stderr, flush=True)
+            if other := other_hardware(b.machine, b.store.machines()):
+                print(f"warning: this machine ({hardware(b.machine)}) is not the one earlier points ran on "
+                      f"({'; '.join(other)}): the comparison will span machines (bench.json lists them under `machines`)",
+                      file=sys.stderr, flush=True)
         # 1. The SLO's reference, before any policy (and again after the last: 4.).
         reference = [await b.reference("before")]
         # 2. Pilot: every policy at each budget tried; the sweep uses the best (lowest summed median

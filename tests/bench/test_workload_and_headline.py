@@ -254,3 +254,20 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     bad.write_text("[1, 2]")
     refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
     assert refused.returncode == 2 and refused.stderr.startswith("error:")
+
+
+def test_a_resumed_run_names_the_machines_its_points_ran_on(tmp_path: "Path") -> None:
+    from infercept.benchmarks.points import PointStore
+    from infercept.benchmarks.runner import machine, other_hardware
+
+    here = machine() | {"host": "a"}
+    store = PointStore(tmp_path, {"plan": 1})
+    store.put("p1", {"rate": 2, "machine": here})
+    store.put("p2", {"rate": 4, "machine": here | {"host": "b"}})  # another host, the same hardware
+    store.put("reference", {"median_s": 0.01})  # older points carry no machine
+    assert len(store.machines()) == 2
+    assert other_hardware(here, store.machines()) == []
+    slower = here | {"cpu": "Some Other CPU", "host": "c"}
+    store.put("p3", {"rate": 6, "machine": slower})
+    (other,) = other_hardware(here, store.machines())
+    assert other.startswith("Some Other CPU")
