@@ -536,13 +536,15 @@ class InterceptCore:
         self._budget_batch = batch
         budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight, batch_tokens=batch)
         if candidates and self.spec.decide is not None:
+            free_after = self.kv.num_free_blocks() - view.get().blocks_needed  # once this step has its blocks
             decision = self.spec.decide(DecisionInput(
                 now_s=now, paused=candidates, profile=self.profile, estimator=self.estimator,
                 block_size=self.block_size, running_tokens=view.get().running_tokens,
                 running_requests=view.get().running_requests, last_batch_tokens=batch,
                 swap_out_budget_tokens=max(0, budget.out_tokens - inflight), host_free_blocks=sw.slots.num_free,
                 prefix_caching=self.spec.prefix_caching, swap_queue_tokens=want_in + inflight,
-                swap_limit_tokens=sw.limit_tokens,
+                swap_limit_tokens=sw.limit_tokens, free_blocks=free_after,
+                head_waits=view.get().head_waiting is not None and free_after < 0,
             ))
             for rid in decision.swap_out:
                 self.start_swap_out(self.entries[rid], now)

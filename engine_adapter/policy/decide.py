@@ -13,6 +13,8 @@ shared by the engine's intercept core and the simulator.
   for a later one when holding it until then wastes less than recomputing it, and a request whose swap
   would pay off is held one copy round trip before it may be swapped or discarded (`renting`)
   (`infercept`).
+* `min_waste_slack`: `min_waste_deferred` over the paused requests that slack device memory does not
+  keep in place (`slack_kept`) (`infercept-slack`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
@@ -212,6 +214,11 @@ class DecisionInput:
     # copy in, swap-outs still to copy out), and N_i, the tokens one iteration moves.
     swap_queue_tokens: int = 0
     swap_limit_tokens: int = 0
+    # For `min_waste_slack`: device blocks left free once the step being built has what it needs (its
+    # running requests and the waiting head's admission; None: not known), and whether that head waits for
+    # blocks (then memory is short whatever is free).
+    free_blocks: int | None = None
+    head_waits: bool = False
 
 
 def paused_costs(inp: DecisionInput) -> list[PausedCost]:
@@ -283,6 +290,45 @@ def min_waste_deferred(inp: DecisionInput) -> StepDecision:
     )
     costs = [c for c in paused_costs(inp) if not renting(c, inp.host_free_blocks)]
     return infercept_plan(costs, inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks, queue)
+
+
+def slack_kept(costs: Sequence[PausedCost], inp: DecisionInput) -> set[str]:
+    """The paused requests whose KV no one needs before it could still be moved: kept in place, undecided,
+    this iteration (`min_waste_slack`).
+
+    Eq. 2 charges a preserved context its memory-time whether or not anyone wants the memory; while the
+    device has blocks left over, keeping it costs nothing, and swapping it out or recomputing it only
+    delays its resume. It is kept while nothing waits for blocks and the blocks left free cover what the
+    running batch grows (a token per request per step) while the kept contexts could still be copied out,
+    one after the other (each at the link's rate and within N_i a step), should memory run short: that is
+    when the next iteration decides them as `infercept` would. Least memory-time first (context x the
+    call's expected remaining time), since those cost least if memory does run short."""
+    if inp.free_blocks is None or inp.head_waits or inp.free_blocks <= 0:
+        return set()
+    prof, bs = inp.profile, inp.block_size
+    step_s = prof.t_fwd_s(max(1, inp.last_batch_tokens))
+    grow_blocks_per_s = inp.running_requests / step_s / bs
+    kept: set[str] = set()
+    react_s = 0.0
+    for c in sorted(costs, key=lambda c: (c.remaining_s * c.context_blocks, c.request_id)):
+        tokens = c.context_blocks * bs
+        steps = -(-tokens // inp.swap_limit_tokens) if inp.swap_limit_tokens > 0 else 1
+        react_s += max(prof.t_swap_out_s(tokens), steps * step_s)
+        if math.ceil(grow_blocks_per_s * react_s) > inp.free_blocks:
+            break
+        kept.add(c.request_id)
+    return kept
+
+
+def min_waste_slack(inp: DecisionInput) -> StepDecision:
+    """`min_waste_deferred` over the paused requests that `slack_kept` does not keep in place: while the
+    device's memory is slack, a paused context stays where it is (as `preserve` would keep it), so that
+    its resume needs neither a copy back nor a recompute; once memory is short it is decided as
+    `infercept` decides it."""
+    kept = slack_kept(paused_costs(inp), inp)
+    if not kept:
+        return min_waste_deferred(inp)
+    return min_waste_deferred(replace(inp, paused=[v for v in inp.paused if v.request_id not in kept]))
 
 
 def swap_long_calls(inp: DecisionInput) -> StepDecision:

@@ -19,6 +19,7 @@ the README's table read the names, summaries and flags from this table.
 | infercept         | kept             | per iteration: swap / discard / keep       | original arrival   | off          | <= S       |
 | infercept-admit   | kept             | per iteration: swap / discard / keep       | new arrival (back) | off          | <= S       |
 | infercept-prefetch| kept             | infercept; swapped KV fetched back early   | original arrival   | off          | <= S       |
+| infercept-slack   | kept             | infercept-admit, decided once memory is short | new arrival (back) | off       | <= S       |
 
 "budget" is the engine's per-iteration token budget (`max_num_batched_tokens`, the same for every policy
 in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
@@ -43,6 +44,7 @@ from engine_adapter.policy.decide import (
     StepDecision,
     min_waste,
     min_waste_deferred,
+    min_waste_slack,
     swap_long_calls,
 )
 
@@ -158,6 +160,11 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
     PolicySpec("infercept-prefetch", "infercept, and a swapped context is copied back ahead of its call's return (when the call is likely over by the time the copy is) with link capacity and device memory nobody uses; the host copy is kept until the resume, so giving the blocks back under pressure costs nothing",
                Action.PRESERVE, swap=True, decide=min_waste_deferred, chunk_at_saturation=True, swap_under_pressure=True,
                prefetch=True, swap_budget_from_step=True),
+    # Issue 33: Eq. 2 charges preserved KV its memory-time even when no one wants the memory; below the
+    # knee that swaps and recomputes contexts that `preserve` simply keeps (4 req/s on the CPU bench).
+    PolicySpec("infercept-slack", "infercept-admit, but a paused context stays in place, undecided, while the device has blocks to spare (nothing waits for blocks, and the free ones cover what the running batch grows while the kept contexts could still be copied out); once memory is short it is decided as infercept decides",
+               Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_slack, chunk_at_saturation=True,
+               swap_under_pressure=True, new_first=True, swap_budget_from_step=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

@@ -683,4 +683,29 @@ def test_infercept_sizes_the_swap_budget_to_the_step_being_built_and_the_paper_t
     bw = PROFILE.swap_in_bytes_per_s / PROFILE.kv_bytes_per_token
     assert limits == {"infercept": int(prof.t_fwd_s(4) * bw), "infercept-paper": int(0.1 * bw)}
     assert [n for n in POLICY_NAMES if policy_spec(n).swap_budget_from_step] == ["infercept", "infercept-admit",
-                                                                                  "infercept-prefetch"]
+                                                                                  "infercept-prefetch", "infercept-slack"]
+
+
+def test_infercept_slack_keeps_paused_kv_in_place_while_blocks_are_spare_and_swaps_once_they_are_not() -> None:
+    seen: list = []
+    for policy in ("infercept-admit", "infercept-slack"):
+        pool = Pool(blocks=64)
+        core = make(policy, pool)
+        decide = core.spec.decide
+        assert decide is not None
+        core.spec = dataclasses.replace(core.spec, decide=lambda inp, d=decide: seen.append(inp) or d(inp))
+        pause(core, pool, "tts", 4 * BLOCK, now=0.0)  # a 20 s call: worth a swap once its hold is over
+        # 60 blocks free, 2 of them for this step, nothing waiting: memory is slack.
+        roomy = StepView(blocks_needed=2, head_waiting=None, running_requests=2, running_tokens=200)
+        step(core, pool, 0.001, roomy)
+        step(core, pool, 0.03, roomy)  # past its hold (27 ms)
+        if policy == "infercept-admit":
+            assert core.entries["tts"].state is KvState.SWAPPING_OUT
+            continue
+        assert core.entries["tts"].state is KvState.PRESERVED  # kept in place: its resume needs nothing
+        assert (seen[-1].free_blocks, seen[-1].head_waits) == (58, False)  # what the decision was told
+        # The step takes every free block: no spare one for the batch to grow into while the context could
+        # be copied out, so it is decided as infercept decides (swapped).
+        tight = StepView(blocks_needed=60, head_waiting=None, running_requests=2, running_tokens=200)
+        step(core, pool, 0.04, tight)
+        assert seen[-1].free_blocks == 0 and core.entries["tts"].state is KvState.SWAPPING_OUT

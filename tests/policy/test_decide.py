@@ -102,7 +102,7 @@ def test_unknown_policy_and_names() -> None:
         policy_spec("lru")
     assert set(POLICY_NAMES) == set(POLICIES) == {
         "discard", "vllm-apc", "vllm-offload", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
-        "infercept-paper", "infercept", "continuum", "infercept-admit", "infercept-prefetch"}
+        "infercept-paper", "infercept", "continuum", "infercept-admit", "infercept-prefetch", "infercept-slack"}
 
 
 def test_policy_table_refuses_swap_with_prefix_caching() -> None:

@@ -231,3 +231,45 @@ def test_a_held_request_leaves_the_budget_to_the_others() -> None:
     old = PausedView("old", "ve", context_tokens=2000, paused_at_s=1.0 - round_trip, expected_duration_s=None)
     inp = dataclasses.replace(inp, paused=[*inp.paused, old])
     assert min_waste_deferred(inp) == StepDecision(swap_out=["old"])
+
+
+# ---------------------------------------------------------------- slack memory (`infercept-slack`)
+def test_slack_memory_keeps_a_paused_context_in_place_until_memory_is_short() -> None:
+    from engine_adapter.policy.decide import min_waste_slack, slack_kept
+    from engine_adapter.policy.table import policy_spec
+
+    assert policy_spec("infercept-slack").decide is min_waste_slack
+    # A long call held past its round trip: infercept swaps it out (its swap pays off).
+    round_trip = P.t_swap_out_s(2000) + P.t_swap_in_s(2000)
+    long_call = dataclasses.replace(decision_input(paused_at_s=1.0 - 2 * round_trip),
+                                    estimator=DurationEstimator(priors={"ve": (30.0, 30.0)}))
+    assert min_waste_deferred(long_call).swap_out == ["r"]
+    # Free blocks unknown (an input that does not say): decided as infercept decides.
+    assert min_waste_slack(long_call) == min_waste_deferred(long_call)
+    # Plenty of free blocks and nothing waiting for them: kept in place, neither swapped nor discarded.
+    # Its copy-out (2000 tokens: 2 ms at 1 GB/s, 2 steps of N_i = 1600 at 20 ms) lets 8 requests grow
+    # 8 x 0.04 s / 20 ms = 16 tokens: 1 block.
+    slack = dataclasses.replace(long_call, free_blocks=1)
+    assert slack_kept(paused_costs(slack), slack) == {"r"}
+    assert min_waste_slack(slack) == StepDecision()
+    # No block to spare, or a waiting head that does not fit: memory is short, infercept's choice applies.
+    for short in (dataclasses.replace(long_call, free_blocks=0),
+                  dataclasses.replace(long_call, free_blocks=500, head_waits=True)):
+        assert slack_kept(paused_costs(short), short) == set()
+        assert min_waste_slack(short) == min_waste_deferred(long_call)
+
+
+def test_slack_is_spent_on_the_least_memory_time_first() -> None:
+    from engine_adapter.policy.decide import min_waste_slack, slack_kept
+
+    est = DurationEstimator(priors={"ve": (30.0, 30.0), "math": (0.5, 0.1)})
+    views = [PausedView("long", "ve", context_tokens=2000, paused_at_s=0.0, expected_duration_s=None),
+             PausedView("short", "math", context_tokens=2000, paused_at_s=0.0, expected_duration_s=None)]
+    inp = dataclasses.replace(decision_input(paused_at_s=0.0), paused=views, estimator=est, now_s=1.0)
+    # Each kept context adds its copy-out to the time the batch grows before memory could be freed: 2 steps
+    # (40 ms) each, 16 tokens of growth per 40 ms. One block covers one of them, two blocks both.
+    one = dataclasses.replace(inp, free_blocks=1)
+    assert slack_kept(paused_costs(one), one) == {"short"}  # back sooner: less memory-time if it runs short
+    assert "short" not in min_waste_slack(one).swap_out + min_waste_slack(one).discard
+    both = dataclasses.replace(inp, free_blocks=2)
+    assert slack_kept(paused_costs(both), both) == {"short", "long"} and min_waste_slack(both) == StepDecision()
