@@ -373,13 +373,13 @@ async def bench(plan: Plan) -> dict[str, Any]:
     steady = [ok for h in head.values() for ok in h["steady_at_slo_rate"]]
     # Read from the points, not this process: a resumed run measured some of them in an earlier one.
     points = [r for by_seed in results.values() for by_rate in by_seed.values() for r in by_rate.values()]
-    made = {(int(r["seed"]), float(r["rate"])): b.workloads[(int(r["seed"]), float(r["rate"]))] for r in points}
+    made = {k: b.workloads[k] for k in sorted({(int(r["seed"]), float(r["rate"])) for r in points})}
     finished = [r["finished"] for r in points if r.get("finished")]
     result: dict[str, Any] = {
         "command": plan.command, "commit": git_commit(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(t_start)),
         "elapsed_s": time.time() - t_start, "resumed_points": b.store.resumed, "machine": machine(),
         "points_finished": {"first": min(finished, default=None), "last": max(finished, default=None)},
-        "machines": [json.loads(m) for m in sorted({json.dumps(r["machine"], sort_keys=True) for r in points if r.get("machine")})],
+        "machines": b.store.machines(),  # every point's on disk, pilot and references too
         "workload": plan.workload, "rates": plan.rates, "duration_s": plan.duration_s, "seeds": plan.seeds,
         "policies": labels, "token_budget": {label: budgets.get(label) for label in labels},
         "token_budget_default": plan.token_budget, "baselines_tuned": plan.tune,
@@ -391,9 +391,9 @@ async def bench(plan: Plan) -> dict[str, Any]:
         "steady_state": {"rule": "last arrival quarter's median normalized latency within 25% of the second's",
                          "steady_runs_at_knee": sum(steady), "runs_at_knee": len(steady)},
         "setting": asdict(s) | {"profile_data": profile_doc(s)},
-        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in sorted(made.items())},
+        "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in made.items()},
         "request_mix": {f"{seed}/{rate:g}": {t: sum(1 for q in w if q.aug_type == t) for t in WORKLOADS[plan.workload]}
-                        for (seed, rate), w in sorted(made.items())},
+                        for (seed, rate), w in made.items()},
         "engines": {label: next((r["engine"] for s_ in by_seed.values() for r in s_.values() if "engine" in r), None)
                     for label, by_seed in results.items()},
         "slo": {"slo_factor": plan.slo_factor, "ttft_factor": plan.ttft_factor,

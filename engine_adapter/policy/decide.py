@@ -22,7 +22,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from engine_adapter.policy.estimator import DurationEstimator
 from engine_adapter.policy.profile import Profile
@@ -284,11 +284,16 @@ def min_waste_deferred(inp: DecisionInput) -> StepDecision:
       calls that then missed it were recomputed (the max rate at the SLO 3.75 req/s against 4.0 with
       the hold, median of three seeds: `results/sim/paper_ranking/infercept_without_hold.json` and
       `results/sim/paper_scale.json`)."""
+    return _deferred_plan(inp, paused_costs(inp))
+
+
+def _deferred_plan(inp: DecisionInput, costs: Sequence[PausedCost]) -> StepDecision:
+    """`min_waste_deferred` over costs already computed (`min_waste_slack` passes those it does not keep)."""
     queue = SwapQueue(
         tokens_ahead=inp.swap_queue_tokens, limit_tokens=inp.swap_limit_tokens,
         step_s=inp.profile.t_fwd_s(max(1, inp.last_batch_tokens)), block_size=inp.block_size,
     )
-    costs = [c for c in paused_costs(inp) if not renting(c, inp.host_free_blocks)]
+    costs = [c for c in costs if not renting(c, inp.host_free_blocks)]
     return infercept_plan(costs, inp.swap_out_budget_tokens // inp.block_size, inp.host_free_blocks, queue)
 
 
@@ -325,10 +330,9 @@ def min_waste_slack(inp: DecisionInput) -> StepDecision:
     device's memory is slack, a paused context stays where it is (as `preserve` would keep it), so that
     its resume needs neither a copy back nor a recompute; once memory is short it is decided as
     `infercept` decides it."""
-    kept = slack_kept(paused_costs(inp), inp)
-    if not kept:
-        return min_waste_deferred(inp)
-    return min_waste_deferred(replace(inp, paused=[v for v in inp.paused if v.request_id not in kept]))
+    costs = paused_costs(inp)  # once: the kept ones are only left out of the plan
+    kept = slack_kept(costs, inp)
+    return _deferred_plan(inp, [c for c in costs if c.request_id not in kept])
 
 
 def swap_long_calls(inp: DecisionInput) -> StepDecision:
