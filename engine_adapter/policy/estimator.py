@@ -40,6 +40,7 @@ class TypeStats:
     observed: deque[float] = field(default_factory=lambda: deque(maxlen=256))
     _sorted: list[float] | None = None  # the samples in order, until the next observation
     _mean: float | None = None  # their mean, likewise
+    _tail_sums: list[float] | None = None  # _tail_sums[i] = sum(ordered()[i:]), likewise
 
     def samples(self) -> list[float]:
         # Observed durations outweigh the prior as they accumulate (the prior is 32 pseudo-samples).
@@ -47,7 +48,7 @@ class TypeStats:
 
     def observe(self, duration_s: float) -> None:
         self.observed.append(duration_s)
-        self._sorted = self._mean = None
+        self._sorted = self._mean = self._tail_sums = None
 
     def mean(self) -> float:
         if self._mean is None:
@@ -59,6 +60,20 @@ class TypeStats:
         if self._sorted is None:
             self._sorted = sorted(self.samples())
         return self._sorted
+
+    def mean_residual(self, elapsed_s: float) -> float | None:
+        """E[T - t | T > t] over the samples (None when none is longer than t). Asked for every paused
+        request in every step, so from the ordered samples and their tail sums, not a pass over all."""
+        xs = self.ordered()
+        if self._tail_sums is None:
+            sums = [0.0] * (len(xs) + 1)
+            for i in range(len(xs) - 1, -1, -1):
+                sums[i] = sums[i + 1] + xs[i]
+            self._tail_sums = sums
+        first = bisect.bisect_right(xs, elapsed_s)
+        if first == len(xs):
+            return None
+        return self._tail_sums[first] / (len(xs) - first) - elapsed_s
 
 
 @dataclass
@@ -91,10 +106,8 @@ class DurationEstimator:
             return max(0.0, true_duration_s - elapsed_s)
         if self.mode == "dynamic" or self.mode == "oracle":
             return elapsed_s
-        longer = [x - elapsed_s for x in self._stats(aug_type).samples() if x > elapsed_s]
-        if not longer:
-            return elapsed_s
-        return sum(longer) / len(longer)
+        residual = self._stats(aug_type).mean_residual(elapsed_s)
+        return elapsed_s if residual is None else max(0.0, residual)
 
     def back_within_p(self, aug_type: str, elapsed_s: float, horizon_s: float,
                       true_duration_s: float | None = None) -> float:

@@ -43,7 +43,16 @@ class Profile:
             raise ValueError("profile: saturation point must be >= 1 token")
 
     def _bucket(self, tokens: float) -> int:
-        return min(self.fwd_tokens, key=lambda x: abs(math.log(x) - math.log(max(tokens, 1e-9))))
+        """The grid point nearest `tokens` on a log scale (ties to the smaller). Asked for every paused
+        request in every step's decisions, so no logs: t is nearer x0 than x1 exactly when t^2 <= x0 x1."""
+        xs = self.fwd_tokens
+        i = bisect.bisect_left(xs, tokens)
+        if i == 0:
+            return xs[0]
+        if i == len(xs):
+            return xs[-1]
+        x0, x1 = xs[i - 1], xs[i]
+        return x0 if tokens * tokens <= x0 * x1 else x1
 
     def observe(self, tokens: int, seconds: float, weight: float = 0.05) -> None:
         """Fold one measured iteration (tokens scheduled, wall seconds) into the refinement."""
