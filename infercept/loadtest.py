@@ -178,9 +178,11 @@ def _rss_mb(server: ServerProcess) -> float:
 
 
 async def phase_idle(server: ServerProcess, n: int, sample: int = 200, concurrency: int = 64) -> dict[str, Any]:
-    """`n` sessions opened and left idle (a first message in `sample` of them): memory before and after,
-    every session kept in the store, and `sample` of them read back at random, each answering its next
-    message. Beyond `server.max_sessions` sessions in memory, idle ones hibernate."""
+    """`n` sessions opened and left idle: memory before and after, every session kept in the store. Then
+    `sample` of them at random: half answer their next message, one at a time (so that each time is the
+    session's own: read back from the store if it hibernated, its context rebuilt, its answer streamed),
+    split by whether the session was in memory or hibernated; the other half are read back with a GET.
+    Beyond `server.max_sessions` sessions in memory, idle ones hibernate."""
     import random
 
     import aiohttp
@@ -209,15 +211,30 @@ async def phase_idle(server: ServerProcess, n: int, sample: int = 200, concurren
         live = (await raw_get(server.url, "/v1/sessions", headers))["sessions"]  # in memory now
         rng = random.Random(0)
         picked = rng.sample(refs, min(sample, len(refs)))
+        answer, read = picked[: len(picked) // 2], picked[len(picked) // 2:]
+        # The next message first, before any GET could have brought a session back into memory.
+        outcomes: list[Any] = []
+        first: dict[str, list[float]] = {"hibernated": [], "in_memory": []}
+        whole: dict[str, list[float]] = {"hibernated": [], "in_memory": []}
+        rehydrated = _metric(await raw_get(server.url, "/metrics", headers, text=True), "infercept_sessions_rehydrated_total")
+        for i, ref in enumerate(answer):
+            o = await session_client(server.url, API_KEY, i, existing=ref, tool_choice="none")
+            outcomes.append(o)
+            # One message at a time, so the counter tells whether this session was read back from the store.
+            before, rehydrated = rehydrated, _metric(await raw_get(server.url, "/metrics", headers, text=True),
+                                                     "infercept_sessions_rehydrated_total")
+            where = "hibernated" if rehydrated > before else "in_memory"
+            if o.kind == "done":
+                whole[where].append(o.seconds)
+                if o.first_token_s is not None:
+                    first[where].append(o.first_token_s)
         lat: list[float] = []
         bad = 0
-        for sid, token in picked:
+        for sid, token in read:
             t = time.perf_counter()
             async with http.get(f"{server.url}/v1/sessions/{sid}", headers={"X-Session-Token": token}) as r:
                 bad += r.status != 200
             lat.append(time.perf_counter() - t)
-        answered = await asyncio.gather(*(session_client(server.url, API_KEY, i, existing=ref, tool_choice="none")
-                                          for i, ref in enumerate(picked[:20])))
         rss2 = _rss_mb(server)
     metrics = await raw_get(server.url, "/metrics", headers, text=True)
     return {
@@ -226,8 +243,12 @@ async def phase_idle(server: ServerProcess, n: int, sample: int = 200, concurren
         "rss_mb": {"before": round(rss0), "after_open": round(rss1), "after_reads": round(rss2)},
         "rss_growth_mb": round(rss1 - rss0, 1), "bytes_per_session": round((rss1 - rss0) * 2**20 / max(1, len(refs))),
         "store_bytes": stats.get("store", {}).get("bytes") if isinstance(stats.get("store"), dict) else None,
-        "read_back": {"sessions": len(picked), "not_200": bad, "latency_s": percentiles(lat)},
-        "next_message": dict(Counter(o.kind for o in answered)), "next_message_done": sum(1 for o in answered if o.kind == "done"),
+        "read_back": {"sessions": len(read), "not_200": bad, "latency_s": percentiles(lat)},
+        "next_message": dict(Counter(o.kind for o in outcomes)), "next_message_done": sum(1 for o in outcomes if o.kind == "done"),
+        # One at a time: the time to the answer's first token, and to its end, of a session that was in
+        # memory and of one that had hibernated (read back from the store, its context recomputed).
+        "next_message_first_token_s": {k: percentiles(v) for k, v in first.items()},
+        "next_message_s": {k: percentiles(v) for k, v in whole.items()},
         "hibernated": _metric(metrics, "infercept_sessions_hibernated_total"),
         "rehydrated": _metric(metrics, "infercept_sessions_rehydrated_total"),
     }
