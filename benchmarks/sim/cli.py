@@ -122,6 +122,14 @@ def _command() -> str:
     return "infercept simulate " + " ".join(sys.argv[2:]) if len(sys.argv) > 1 and sys.argv[1] == "simulate" else " ".join(sys.argv)
 
 
+def _made_by() -> dict[str, Any]:
+    """What a result file records of how it was made: the command, and the commit whose code ran it (with
+    whether the code had uncommitted changes), so that a result can be told apart from later code."""
+    from infercept.benchmarks.runner import git_commit, git_dirty
+
+    return {"command": _command(), "commit": git_commit(), "code_dirty": git_dirty()}
+
+
 def main(args: argparse.Namespace) -> int:
     from infercept.benchmarks.sim.report import table
 
@@ -141,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
 
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
                      **_cost_args(args))
-        v = {"command": _command(), **v}
+        v = {**_made_by(), **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
     elif args.like:
@@ -152,7 +160,7 @@ def main(args: argparse.Namespace) -> int:
         if not rates or not labels:
             print("error: --like needs --rates and --policies", file=sys.stderr)
             return 2
-        v = {"command": _command(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
+        v = {**_made_by(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
                                                  **_cost_args(args))}
         print_like(v)
         if args.out:
@@ -161,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
         from infercept.benchmarks.sim.paper import run_paper
 
         model = args.model or "gptj-6b"
-        res = {"command": _command(), **run_paper(_paper_run(args, model, quick=args.quick))}
+        res = {**_made_by(), **run_paper(_paper_run(args, model, quick=args.quick))}
         print(f"\nSLO: median normalized latency <= {res['slo']['slo_normalized_latency_s'] * 1000:.2f} ms/token "
               f"(5x the unloaded {res['slo']['unloaded_normalized_latency_s'] * 1000:.2f} ms on unlimited-kv)")
         print(table(res["headline"], res["token_budget"]))
@@ -175,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
         res = sens.sensitivity(_labels(args, sens.POLICIES), rates=_floats(args.rates) or sens.RATES,
                                duration_s=args.duration or 30.0, seeds=_seeds(args, "1,2,3"), workload=args.workload,
                                cost_from=args.cost_from, **(_cost_args(args) if args.cost_from else {}))
-        res = {"command": _command(), **res}
+        res = {**_made_by(), **res}
         print(sens.table(res))
         _write(res, Path(args.out or "results/sim/sensitivity.json"))
     elif args.sessions is not None:
@@ -187,10 +195,10 @@ def main(args: argparse.Namespace) -> int:
             print("error: --sessions needs --profile gptj-6b or llama2-70b (a derived GPU profile, by name or by its "
                   "file under configs/profiles/)", file=sys.stderr)
             return 2
-        labels = _labels(args, ("discard", "vllm-apc", "ttl", "swap", "infercept", "unlimited-kv"))
+        labels = _labels(args, ("discard", "vllm-apc", "continuum", "swap", "infercept-paper", "infercept", "infercept-admit", "unlimited-kv"))
         bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
         res = capacity(bench, labels, workload=args.workload or "mixed", max_sessions=args.sessions, seed=_seeds(args, "1")[0])
-        res = {"command": _command(), "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
+        res = {**_made_by(), "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
         print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
               f"workload {args.workload or 'mixed'}, up to {args.sessions}:")
         for lab, r in res["policies"].items():
@@ -209,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
         run = _paper_run(args, model)
         from infercept.benchmarks.sim.paper import run_paper
 
-        res = {"command": _command(), **run_paper(run)}
+        res = {**_made_by(), **run_paper(run)}
         print(table(res["headline"], res["token_budget"]))
         if args.out:
             _write(res, Path(args.out))
