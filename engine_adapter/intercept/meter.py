@@ -26,6 +26,7 @@ class WasteMeter:
     swap_stall_s: float = 0.0
     swap_stall_token_s: float = 0.0
     iterations: int = 0
+    scheduled_tokens: int = 0  # over the iterations: with `iterations` and `forward_s`, a step's mean size and time
     swap_stall_measured_steps: int = 0
     # Context tokens each resumed request still has to recompute (consumed as they are scheduled).
     recomputing: dict[str, int] = field(default_factory=dict)
@@ -55,6 +56,7 @@ class WasteMeter:
         if seconds <= 0 or total <= 0:
             return
         self.iterations += 1
+        self.scheduled_tokens += total
         self.swap_stall_measured_steps += stall_measured
         self.forward_s += seconds
         share = seconds * min(recompute, total) / total
@@ -81,5 +83,6 @@ class WasteMeter:
             recompute_share_of_forward=self.recompute_forward_s / self.forward_s if self.forward_s else 0.0,
             swap_stall_s=self.swap_stall_s,
             iterations=self.iterations,
+            scheduled_tokens=self.scheduled_tokens,
             swap_stall_measured_steps=self.swap_stall_measured_steps,
         )

@@ -73,6 +73,7 @@ class WasteReport:
     swap_stall_s: float
     iterations: int
     swap_stall_measured_steps: int = 0  # steps whose stall the workers measured (the rest: estimated)
+    scheduled_tokens: int = 0  # tokens the iterations scheduled
 
 
 @dataclass(frozen=True)
