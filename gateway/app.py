@@ -46,7 +46,11 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
              asyncio.create_task(gw.watch_engine(), name="engine-watchdog"),
              asyncio.create_task(gw.lease_loop(), name="replica-lease")]
     try:
-        yield
+        async with contextlib.AsyncExitStack() as stack:
+            server = gw.config.server
+            if server.agent_port is not None:  # the balancer's load agent (gateway/lb_agent.py)
+                await stack.enter_async_context(gw.load_agent().serving(server.host, server.agent_port))
+            yield
     finally:
         for t in tasks:
             t.cancel()

@@ -55,6 +55,10 @@ class ServerConfig:
     replica_id: str | None = None
     advertise_url: str | None = None
     lease_s: float = 10.0
+    # A replica behind HAProxy: a TCP port where the balancer's agent check reads this server's load (its
+    # free KV share and room under max_sessions, or `drain`), so that new sessions go where there is room
+    # (gateway/lb_agent.py). Unset: no agent; `infercept cluster` sets it for each replica.
+    agent_port: int | None = None
     drain_s: float = 30.0  # on SIGTERM: how long running turns may finish before the server stops
     max_queued_turns: int = 1024  # turns in progress at once (generating or in a server tool); 503 beyond
     sse_ping_s: float = 15.0  # an SSE comment this often while a stream is quiet (proxies keep it open)
@@ -87,6 +91,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "model_name": (str, type(None)), "state_path": (str, type(None)), "store": (str, type(None)), "drain_s": (int, float),
     "max_queued_turns": (int,), "sse_ping_s": (int, float), "backlog": (int,), "restart_engine": (bool,),
     "replica_id": (str, type(None)), "advertise_url": (str, type(None)), "lease_s": (int, float),
+    "agent_port": (int, type(None)),
 }
 
 
@@ -105,6 +110,10 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
             raise ValueError(f"server.{key} must be {'>= 0' if key in _ZERO_OK else 'positive'}")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
+    if data.get("agent_port") is not None and not data["agent_port"] < 65536:
+        raise ValueError("server.agent_port must be in 1..65535")
+    if data.get("agent_port") is not None and data["agent_port"] == data.get("port", ServerConfig.port):
+        raise ValueError("server.agent_port: the balancer's agent needs a port of its own, not server.port")
     if data.get("store") is not None and not is_postgres_url(data["store"]):
         raise ValueError(f"server.store: expected a postgresql:// URL, got {redact(data['store'])!r} "
                          "(leave it unset for SQLite at server.state_path)")

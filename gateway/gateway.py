@@ -39,6 +39,7 @@ from gateway.config import GatewayConfig
 from gateway.context import AgentContext
 from gateway.http import ApiError
 from gateway.metrics import GatewayMetrics
+from gateway.lb_agent import LoadAgent
 from gateway.procs import StateLock, reap_orphans, record_engine
 from gateway.replicas import Forwarder
 from gateway.prompts import PromptBuilder
@@ -235,6 +236,18 @@ class Gateway:
             return
         self.engine = InterceptEngine(self.engine_config)
         await self.start_engine()
+
+    def load_agent(self) -> LoadAgent:
+        """What the balancer's agent reports (gateway/lb_agent.py): whether this server drains, its KV
+        cache's free share (asked of the engine while it is up) and its sessions in memory."""
+
+        async def blocks() -> tuple[int, int] | None:
+            if not self.ready.is_set() or self.engine.dead:
+                return None
+            b = (await self.engine.stats()).blocks
+            return b.free, b.total
+
+        return LoadAgent(lambda: self.draining, blocks, lambda: self.table.durable_count(), self.config.server.max_sessions)
 
     async def drain(self, timeout_s: float) -> int:
         """Refuse new work, let running turns finish for up to `timeout_s`; the turns still running."""

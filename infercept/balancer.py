@@ -4,6 +4,9 @@ example in examples/replicas/haproxy.cfg is its output for two replicas).
 How it routes:
 * `POST /v1/sessions` (a new session) and everything that is not a session's (health, models, chat
   completions) go to the least loaded healthy replica (`leastconn`).
+* New sessions are weighted by each replica's room: its load agent (`server.agent_port`,
+  gateway/lb_agent.py) reports the smaller of its free KV share and its room under `max_sessions` every
+  second (`agent-check`), or `drain`; `leastconn` then counts connections per unit of weight.
 * A new session's replica is learned from its creation's response (`X-Infercept-Session`) into a stick
   table, so every later request of that session (`/v1/sessions/<id>/...`) reaches its owner.
 * A session the table does not know (the balancer restarted, another balancer created it) is sent by a
@@ -27,6 +30,7 @@ class Backend:
     name: str  # the replica id
     host: str
     port: int
+    agent_port: int | None = None  # its load agent (server.agent_port); None: weighted by connections only
 
 
 def _errors() -> str:
@@ -43,9 +47,15 @@ def haproxy_config(replicas: Sequence[Backend], *, bind_host: str = "127.0.0.1",
     if not replicas:
         raise ValueError("a balancer needs at least one replica")
 
-    def servers() -> str:
-        # The same server ids in both backends: the stick table stores a server by its id.
-        return "\n".join(f"    server {r.name} {r.host}:{r.port} id {i} check inter 1s fall 2 rise 1"
+    def servers(agent: bool = False) -> str:
+        # The same server ids in both backends: the stick table stores a server by its id. New sessions'
+        # backend reads each replica's load agent, where it has one.
+        def extra(r: Backend) -> str:
+            # weight 100: the agent's percentage applies to it (of the default weight 1, every share rounds to 1)
+            return (f" weight 100 agent-check agent-addr {r.host} agent-port {r.agent_port} agent-inter 1s"
+                    if agent and r.agent_port else "")
+
+        return "\n".join(f"    server {r.name} {r.host}:{r.port} id {i} check inter 1s fall 2 rise 1{extra(r)}"
                          for i, r in enumerate(replicas, 1))
 
     stats = (f"\nfrontend stats\n    bind {bind_host}:{stats_port}\n    stats enable\n    stats uri /\n"
@@ -92,7 +102,7 @@ backend new_sessions
     stick store-response res.hdr({SESSION_HEADER}) table sessions
     option httpchk GET /healthz
     http-check expect status 200
-{servers()}
+{servers(agent=True)}
 {stats}"""
 
 

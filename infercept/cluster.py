@@ -78,12 +78,12 @@ class Cluster:
             print(f"PostgreSQL at {self.store} (data in {pg.data})", flush=True)
         backends = []
         for i in range(1, self.n + 1):
-            name, port = f"r{i}", self.port + i
-            cfg = self._replica_config(name, port)
+            name, port, agent_port = f"r{i}", self.port + i, free_port()
+            cfg = self._replica_config(name, port, agent_port)
             server = ServerProcess(cfg, port, self.dir / f"{name}.log")
             server.start()
             self.servers.append(server)
-            backends.append(Backend(name, "127.0.0.1", port))
+            backends.append(Backend(name, "127.0.0.1", port, agent_port))
             print(f"replica {name}: {server.url} (log {server.log})", flush=True)
         cfg_path = self.dir / "haproxy.cfg"
         # HAProxy needs two descriptors per connection (client and server side) and refuses to start
@@ -101,10 +101,10 @@ class Cluster:
                                             start_new_session=True)
         print(f"HAProxy: {self.url} (config {cfg_path})", flush=True)
 
-    def _replica_config(self, name: str, port: int) -> Path:
+    def _replica_config(self, name: str, port: int, agent_port: int) -> Path:
         doc: dict[str, Any] = copy.deepcopy(self.base)
         server = dict(doc.get("server") or {})
-        server.update(host="127.0.0.1", port=port, store=self.store, replica_id=name,
+        server.update(host="127.0.0.1", port=port, store=self.store, replica_id=name, agent_port=agent_port,
                       advertise_url=f"http://127.0.0.1:{port}", state_path=str(self.dir / name / "sessions.db"))
         if self.lease_s is not None:
             server["lease_s"] = self.lease_s
@@ -175,6 +175,18 @@ def servers_up(csv: str) -> int:
     name, status = cols.index("svname"), cols.index("status")
     return sum(1 for row in (ln.split(",") for ln in lines[1:]) if len(row) > status
                and row[name] not in ("FRONTEND", "BACKEND") and row[status] == "UP")
+
+
+def server_weights(csv: str, backend: str = "new_sessions") -> dict[str, int]:
+    """The current weight of each server of one backend in HAProxy's statistics (CSV): what the replicas'
+    load agents last reported, as a share of the configured weight."""
+    lines = csv.lstrip("# ").splitlines()
+    if not lines:
+        return {}
+    cols = lines[0].split(",")
+    px, name, weight = cols.index("pxname"), cols.index("svname"), cols.index("weight")
+    return {row[name]: int(row[weight]) for row in (ln.split(",") for ln in lines[1:])
+            if len(row) > weight and row[px] == backend and row[name] not in ("FRONTEND", "BACKEND") and row[weight]}
 
 
 def run(args: Any) -> int:

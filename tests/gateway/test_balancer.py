@@ -20,7 +20,7 @@ import yaml
 from gateway.client import ApiError, AsyncClient, SessionRef
 from gateway.store_pg import PostgresStore
 from infercept.balancer import Backend, haproxy_config
-from infercept.cluster import Cluster, servers_up
+from infercept.cluster import Cluster, server_weights, servers_up
 from infercept.pg_local import free_port
 from tests.gateway.test_replicas import counter
 from tests.gateway.test_store_pg import db_url, pg  # noqa: F401  (fixtures)
@@ -33,7 +33,7 @@ HAPROXY = shutil.which("haproxy") or ("/usr/sbin/haproxy" if Path("/usr/sbin/hap
 
 def test_the_shipped_example_is_the_generators_output_and_haproxy_accepts_it(tmp_path: Path) -> None:
     example = REPO / "examples" / "replicas" / "haproxy.cfg"
-    assert example.read_text() == haproxy_config([Backend("r1", "127.0.0.1", 8001), Backend("r2", "127.0.0.1", 8002)],
+    assert example.read_text() == haproxy_config([Backend("r1", "127.0.0.1", 8001, 9001), Backend("r2", "127.0.0.1", 8002, 9002)],
                                                  bind_port=8000)
     with pytest.raises(ValueError):
         haproxy_config([])
@@ -47,10 +47,11 @@ def test_the_shipped_example_is_the_generators_output_and_haproxy_accepts_it(tmp
 
 
 def test_servers_up_reads_haproxys_statistics() -> None:
-    csv = ("# pxname,svname,qcur,status,\n"
-           "infercept,FRONTEND,,OPEN,\nsessions,r1,0,UP,\nsessions,r2,0,DOWN,\nsessions,BACKEND,0,UP,\n"
-           "new_sessions,r1,0,UP,\nnew_sessions,r2,0,UP,\n")
+    csv = ("# pxname,svname,qcur,status,weight,\n"
+           "infercept,FRONTEND,,OPEN,,\nsessions,r1,0,UP,1,\nsessions,r2,0,DOWN,1,\nsessions,BACKEND,0,UP,2,\n"
+           "new_sessions,r1,0,UP,75,\nnew_sessions,r2,0,UP,100,\nnew_sessions,BACKEND,0,UP,175,\n")
     assert servers_up(csv) == 3 and servers_up("") == 0
+    assert server_weights(csv) == {"r1": 75, "r2": 100} and server_weights("") == {}
 
 
 def cluster_config(tmp: Path) -> str:
@@ -98,6 +99,16 @@ async def test_sessions_stay_with_their_owner_and_survive_kill_9_of_one_replica(
         sessions = [await c.create_session(tools=[]) for _ in range(N_SESSIONS)]
         owners = {s.id: (await store.owner(s.id)).replica_id for s in sessions}  # type: ignore[union-attr]
         assert set(owners.values()) == {"r1", "r2"}, owners  # spread: the least loaded replica
+        # Each replica's load agent reports its room (sessions in memory, free KV), and HAProxy weighs new
+        # sessions by it: below the configured 100 once sessions are open (checked every second).
+        weights: dict[str, int] = {}
+        async with httpx.AsyncClient(timeout=5) as raw:
+            for _ in range(40):
+                weights = server_weights((await raw.get(f"http://127.0.0.1:{cluster.stats_port}/;csv")).text)
+                if set(weights) == {"r1", "r2"} and all(1 <= w < 100 for w in weights.values()):
+                    break
+                await asyncio.sleep(0.25)
+        assert set(weights) == {"r1", "r2"} and all(1 <= w < 100 for w in weights.values()), weights
         for s in sessions:
             events = [ev async for ev in c.stream_message(s, "Hello", tool_choice="none")]
             assert events[-1].name == "done"
