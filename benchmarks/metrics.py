@@ -154,10 +154,11 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         # Steps whose stall the workers measured (the others' was estimated from the profile's bandwidth).
         "swap_stall_measured_steps": w1.get("swap_stall_measured_steps", 0) - w0.get("swap_stall_measured_steps", 0),
         # Where the forward time went: steps with work, the tokens they scheduled (their mean size and
-        # time: forward_s / iterations), and every step the scheduler built, empty ones included.
+        # time: forward_s / iterations), and every step the scheduler built, empty ones included (the
+        # simulator's own `steps`, which it adds, counts the steps that moved its clock).
         "iterations": w1.get("iterations", 0) - w0.get("iterations", 0),
         "scheduled_tokens": w1.get("scheduled_tokens", 0) - w0.get("scheduled_tokens", 0),
-        "steps": stats1.get("steps", 0) - stats0.get("steps", 0),
+        "scheduler_steps": stats1.get("steps", 0) - stats0.get("steps", 0),
         # The swap budget's learned share of a step (`SwapPlanner.overlap`) at the run's end.
         "swap_overlap": (stats1.get("swap") or {}).get("overlap"),
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (

@@ -134,6 +134,7 @@ def main(args: argparse.Namespace) -> int:
     from infercept.benchmarks.sim.report import table
 
     t0 = time.time()
+    made_by = _made_by()  # the code as the run starts (edits while it runs do not change what it ran)
     if args.sessions is not None and args.sessions <= 0:
         print("error: --sessions must be a positive number of sessions", file=sys.stderr)
         return 2
@@ -149,7 +150,7 @@ def main(args: argparse.Namespace) -> int:
 
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
                      **_cost_args(args))
-        v = {**_made_by(), **v}
+        v = {**made_by, **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))
     elif args.like:
@@ -160,7 +161,7 @@ def main(args: argparse.Namespace) -> int:
         if not rates or not labels:
             print("error: --like needs --rates and --policies", file=sys.stderr)
             return 2
-        v = {**_made_by(), **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
+        v = {**made_by, **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
                                                  **_cost_args(args))}
         print_like(v)
         if args.out:
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
         from infercept.benchmarks.sim.paper import run_paper
 
         model = args.model or "gptj-6b"
-        res = {**_made_by(), **run_paper(_paper_run(args, model, quick=args.quick))}
+        res = {**made_by, **run_paper(_paper_run(args, model, quick=args.quick))}
         print(f"\nSLO: median normalized latency <= {res['slo']['slo_normalized_latency_s'] * 1000:.2f} ms/token "
               f"(5x the unloaded {res['slo']['unloaded_normalized_latency_s'] * 1000:.2f} ms on unlimited-kv)")
         print(table(res["headline"], res["token_budget"]))
@@ -183,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
         res = sens.sensitivity(_labels(args, sens.POLICIES), rates=_floats(args.rates) or sens.RATES,
                                duration_s=args.duration or 30.0, seeds=_seeds(args, "1,2,3"), workload=args.workload,
                                cost_from=args.cost_from, **(_cost_args(args) if args.cost_from else {}))
-        res = {**_made_by(), **res}
+        res = {**made_by, **res}
         print(sens.table(res))
         _write(res, Path(args.out or "results/sim/sensitivity.json"))
     elif args.sessions is not None:
@@ -198,7 +199,7 @@ def main(args: argparse.Namespace) -> int:
         labels = _labels(args, ("discard", "vllm-apc", "continuum", "swap", "infercept-paper", "infercept", "infercept-admit", "unlimited-kv"))
         bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
         res = capacity(bench, labels, workload=args.workload or "mixed", max_sessions=args.sessions, seed=_seeds(args, "1")[0])
-        res = {**_made_by(), "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
+        res = {**made_by, "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}
         print(f"\nsessions one {model} device sustains at the SLO ({res['slo']['slo_normalized_latency_s'] * 1000:.1f} ms/token), "
               f"workload {args.workload or 'mixed'}, up to {args.sessions}:")
         for lab, r in res["policies"].items():
@@ -217,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
         run = _paper_run(args, model)
         from infercept.benchmarks.sim.paper import run_paper
 
-        res = {**_made_by(), **run_paper(run)}
+        res = {**made_by, **run_paper(run)}
         print(table(res["headline"], res["token_budget"]))
         if args.out:
             _write(res, Path(args.out))

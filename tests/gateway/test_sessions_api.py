@@ -287,30 +287,34 @@ async def test_idle_sessions_leave_memory_after_hibernate_s_and_are_removed_afte
         served: Served, sessions: list[SessionRef]) -> None:
     """The expiry loop's rounds (`Gateway.expire_idle`) on real sessions: a session waiting for its user past
     `hibernate_s` leaves memory (a recent one stays), answers its next message from the store, and once
-    hibernated past `session_idle_s` it is removed from the store: 404 afterwards, as a live one would be."""
+    hibernated past `session_idle_s` it is removed from the store: 404 afterwards, as a live one would be.
+    The gateway is shared, so the times are far beyond any other test's: `old` is made idle 10,000 s and
+    the limits are 5,000 s."""
     gw, c = served.gw, served.client
     old = await new(served, sessions, tools=[])
     await c.send_message(old, "Hello", tool_choice="none")
     recent = await new(served, sessions, tools=[])
-    gw.sessions[old.id].last_active_s -= 100.0  # idle 100 s by the server's clock
+    gw.sessions[old.id].last_active_s -= 10_000.0  # idle 10,000 s by the server's clock
     hibernated = gw.metrics.sessions_hibernated._value.get()
-    assert await gw.table.hibernate_idle(50.0) >= 1
+    assert await gw.table.hibernate_idle(5_000.0) >= 1
     assert old.id not in gw.sessions and recent.id in gw.sessions
     assert gw.metrics.sessions_hibernated._value.get() >= hibernated + 1
-    # Its next message reads it back (the turn recomputes its context), and it is in memory again.
+    # Its next message reads it back from the store (its context recomputed), and it is in memory again.
+    rehydrated = gw.metrics.sessions_rehydrated._value.get()
     events = [ev async for ev in c.stream_message(old, "Still there?", tool_choice="none")]
     assert events[-1].name == "done" and old.id in gw.sessions
-    # Hibernated again, then idle past session_idle_s (here 50 s: it was last active 100 s ago): removed from
-    # the store, and every request for it is 404.
-    gw.sessions[old.id].last_active_s -= 100.0
-    assert await gw.table.hibernate_idle(50.0) >= 1 and old.id not in gw.sessions
+    assert gw.metrics.sessions_rehydrated._value.get() == rehydrated + 1
+    # Hibernated again, then idle past session_idle_s (here 5,000 s: it was last active 10,000 s ago):
+    # removed from the store, and every request for it is 404.
+    gw.sessions[old.id].last_active_s -= 10_000.0
+    assert await gw.table.hibernate_idle(5_000.0) >= 1 and old.id not in gw.sessions
     assert gw.ctx is not None
-    assert await gw.table.expire_hibernated(gw.ctx, 50.0) >= 1
+    sessions.remove(old)  # gone whatever the asserts below find: the fixture must not close it
+    assert await gw.table.expire_hibernated(gw.ctx, 5_000.0) >= 1
     assert await gw.table.store.get(old.id) is None
     with pytest.raises(ApiError) as e:
         await c.get_session(old)
     assert e.value.status == 404
-    sessions.remove(old)
     assert (await c.get_session(recent))["id"] == recent.id and recent.id in gw.sessions
 
 

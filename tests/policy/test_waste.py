@@ -154,3 +154,38 @@ def test_online_refinement_scales_only_nearby_sizes() -> None:
     assert p.t_fwd_s(1000) == pytest.approx(0.2, rel=0.01)
     assert p.t_fwd_s(100) == pytest.approx(0.010)  # the other grid point is untouched
     assert p == P and "_ratios" not in p.to_json()  # refinement is runtime state, not profile data
+
+
+def test_grid_bucket_is_the_nearest_point_on_a_log_scale() -> None:
+    """`Profile._bucket` finds the grid point by bisection (it runs for every paused request in every step);
+    it must pick what the nearest point on a log scale is, ties to the smaller, on every shipped grid."""
+    import json
+    import math
+    import random
+
+    def nearest(xs: tuple[int, ...], t: float) -> int:
+        return min(xs, key=lambda x: abs(math.log(x) - math.log(max(t, 1e-9))))
+
+    rng = random.Random(0)
+    for path in sorted((REPO / "configs" / "profiles").glob("*.json")):
+        p = Profile.from_dict(json.loads(path.read_text()))
+        xs = p.fwd_tokens
+        sizes = [0, -5, 1e-12, 0.5, *xs, *range(1, 2 * xs[-1], 7), *(rng.uniform(0, 3 * xs[-1]) for _ in range(2000))]
+        assert [p._bucket(t) for t in sizes] == [nearest(xs, t) for t in sizes], path.name
+
+
+def test_mean_residual_life_is_the_mean_excess_of_the_longer_samples() -> None:
+    """The prior estimator's remaining time, from the ordered samples' tail sums, against its definition:
+    the mean of (x - elapsed) over the samples longer than elapsed (elapsed itself when none is), as the
+    samples change with observations."""
+    import random
+
+    est = DurationEstimator("prior", {"a": (0.5, 1.0), "b": (3.0, 0.1)})
+    rng = random.Random(1)
+    for k in range(600):
+        if k % 5 == 0:
+            est.observe(rng.choice("ab"), rng.expovariate(1.0))
+        t, e = rng.choice("ab"), rng.choice([0.0, rng.uniform(0, 6), 100.0])
+        longer = [x - e for x in est.samples(t) if x > e]
+        want = sum(longer) / len(longer) if longer else e
+        assert est.remaining_s(t, e) == pytest.approx(want, rel=1e-12, abs=1e-12)
