@@ -56,7 +56,7 @@ class ServerConfig:
     advertise_url: str | None = None
     lease_s: float = 10.0
     # A replica behind HAProxy: a TCP port where the balancer's agent check reads this server's load (its
-    # free KV share and room under max_sessions, or `drain`), so that new sessions go where there is room
+    # free KV share and room under max_sessions, or weight 0 while it drains), so that new sessions go where there is room
     # (gateway/lb_agent.py). Unset: no agent; `infercept cluster` sets it for each replica.
     agent_port: int | None = None
     drain_s: float = 30.0  # on SIGTERM: how long running turns may finish before the server stops

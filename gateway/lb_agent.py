@@ -3,10 +3,13 @@ replica with the most room (`server.agent_port`; `infercept cluster` sets it, in
 each server's `agent-check` at it).
 
 HAProxy's agent protocol: it connects to the port every second, reads one line and closes. The line is
-`up 37%` (the server's weight becomes 37% of its configured weight) or `drain` (weight 0: no new sessions,
-while requests of the sessions it owns still reach it). HAProxy's `leastconn` then picks the server with
-the fewest connections per unit of weight, so open streams and free room both count. A replica the agent
-cannot reach keeps its last weight: the HTTP health check alone decides up or down.
+`up 37%` (the server's weight becomes 37% of its configured weight), or `0%` while the server drains
+(weight 0: no new sessions, while requests of the sessions it owns still reach it). Not HAProxy's `drain`
+word: that puts the server in a forced drain mode which only `ready` ends, and `ready` would also end a
+maintenance mode an operator set; the rolling-restart load test caught a restarted replica left drained.
+HAProxy's `leastconn` then picks the server with the fewest connections per unit of weight, so open
+streams and free room both count. A replica the agent cannot reach keeps its last weight: the HTTP
+health check alone decides up or down.
 
 Room is the smaller of two shares: the KV cache's free blocks (a session holds KV across its calls, and a
 new one that does not fit pushes paused contexts out) and the room left under `server.max_sessions`
@@ -28,8 +31,8 @@ STATS_TIMEOUT_S = 0.5  # the agent answers within HAProxy's check timeout even w
 
 def weight_percent(free_blocks: int | None, total_blocks: int | None, live_sessions: int, max_sessions: int) -> int:
     """The weight to report, 1..100: the smaller of the free KV share and the room under max_sessions
-    (1, not 0, when full: 0 would read as `drain`, and a full replica still takes sessions when every other
-    one is full too; its own 429 then says so)."""
+    (1, not 0, when full: 0 takes the replica out of the choice, and a full replica still takes sessions
+    when every other one is full too; its own 429 then says so)."""
     shares = [max(0.0, 1.0 - live_sessions / max_sessions)] if max_sessions > 0 else []
     if free_blocks is not None and total_blocks:
         shares.append(max(0.0, min(1.0, free_blocks / total_blocks)))
@@ -38,7 +41,7 @@ def weight_percent(free_blocks: int | None, total_blocks: int | None, live_sessi
 
 
 class LoadAgent:
-    """One line per connection: `drain` while the server drains, else `up N%`."""
+    """One line per connection: `0%` while the server drains, else `up N%`."""
 
     def __init__(self, draining: Callable[[], bool], blocks: Callable[[], Awaitable[tuple[int, int] | None]],
                  live_sessions: Callable[[], int], max_sessions: int) -> None:
@@ -46,7 +49,7 @@ class LoadAgent:
 
     async def line(self) -> str:
         if self.draining():
-            return "drain\n"
+            return "0%\n"
         got: tuple[int, int] | None = None
         try:
             got = await asyncio.wait_for(self.blocks(), STATS_TIMEOUT_S)

@@ -6,7 +6,7 @@ How it routes:
   completions) go to the least loaded healthy replica (`leastconn`).
 * New sessions are weighted by each replica's room: its load agent (`server.agent_port`,
   gateway/lb_agent.py) reports the smaller of its free KV share and its room under `max_sessions` every
-  second (`agent-check`), or `drain`; `leastconn` then counts connections per unit of weight.
+  second (`agent-check`), or weight 0 while it drains; `leastconn` then counts connections per unit of weight.
 * A new session's replica is learned from its creation's response (`X-Infercept-Session`) into a stick
   table, so every later request of that session (`/v1/sessions/<id>/...`) reaches its owner.
 * A session the table does not know (the balancer restarted, another balancer created it) is sent by a

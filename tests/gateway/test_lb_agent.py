@@ -18,7 +18,7 @@ def test_the_weight_is_the_smaller_share_of_room_between_kv_and_sessions() -> No
     assert weight_percent(25, 100, 0, 256) == 25  # the KV cache three quarters full
     assert weight_percent(100, 100, 192, 256) == 25  # three quarters of max_sessions in memory
     assert weight_percent(50, 100, 192, 256) == 25 and weight_percent(10, 100, 128, 256) == 10
-    assert weight_percent(0, 100, 256, 256) == 1  # full: 1, not 0 (0 would read as drain)
+    assert weight_percent(0, 100, 256, 256) == 1  # full: 1, not 0 (0 is for a draining replica)
     assert weight_percent(None, None, 64, 256) == 75  # the engine did not answer: the sessions alone
     assert weight_percent(0, 0, 0, 256) == 100  # no blocks reported: the sessions alone
 
@@ -31,7 +31,7 @@ async def read_line(port: int) -> str:
         writer.close()
 
 
-async def test_the_agent_answers_one_line_per_connection_and_drain_while_draining() -> None:
+async def test_the_agent_answers_one_line_per_connection_and_weight_0_while_draining() -> None:
     draining = False
     free = 300
 
@@ -49,7 +49,7 @@ async def test_the_agent_answers_one_line_per_connection_and_drain_while_drainin
         free = 40
         assert await read_line(port) == "up 10%\n"
         draining = True
-        assert await read_line(port) == "drain\n"
+        assert await read_line(port) == "0%\n"  # no new sessions (not `drain`: see gateway/lb_agent.py)
     # An engine that does not answer in time: the sessions' share, within the check's timeout.
     slow = LoadAgent(lambda: False, slow_blocks, lambda: 16, max_sessions=64)
     async with slow.serving("127.0.0.1", port):
