@@ -110,9 +110,10 @@ def server_config(data: Mapping[str, Any]) -> ServerConfig:
             raise ValueError(f"server.{key} must be {'>= 0' if key in _ZERO_OK else 'positive'}")
     if "port" in data and not 0 <= data["port"] < 65536:
         raise ValueError("server.port must be in 0..65535")
-    if data.get("agent_port") is not None and not data["agent_port"] < 65536:
+    agent_port = data.get("agent_port")  # a positive int by now, if set
+    if agent_port is not None and agent_port >= 65536:
         raise ValueError("server.agent_port must be in 1..65535")
-    if data.get("agent_port") is not None and data["agent_port"] == data.get("port", ServerConfig.port):
+    if agent_port is not None and agent_port == data.get("port", ServerConfig.port):
         raise ValueError("server.agent_port: the balancer's agent needs a port of its own, not server.port")
     if data.get("store") is not None and not is_postgres_url(data["store"]):
         raise ValueError(f"server.store: expected a postgresql:// URL, got {redact(data['store'])!r} "

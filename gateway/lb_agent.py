@@ -50,7 +50,6 @@ class LoadAgent:
     async def line(self) -> str:
         if self.draining():
             return "0%\n"
-        got: tuple[int, int] | None = None
         try:
             got = await asyncio.wait_for(self.blocks(), STATS_TIMEOUT_S)
         except Exception:  # the engine is starting, restarting or slow: the sessions' share alone

@@ -166,27 +166,25 @@ class Cluster:
             self.pg.stop()
 
 
-def servers_up(csv: str) -> int:
-    """Servers HAProxy's statistics (CSV) report UP, over all backends."""
+def _server_rows(csv: str) -> list[dict[str, str]]:
+    """The server rows (not FRONTEND or BACKEND) of HAProxy's statistics (CSV), by column name."""
     lines = csv.lstrip("# ").splitlines()
     if not lines:
-        return 0
+        return []
     cols = lines[0].split(",")
-    name, status = cols.index("svname"), cols.index("status")
-    return sum(1 for row in (ln.split(",") for ln in lines[1:]) if len(row) > status
-               and row[name] not in ("FRONTEND", "BACKEND") and row[status] == "UP")
+    rows = (dict(zip(cols, ln.split(","))) for ln in lines[1:])
+    return [r for r in rows if r.get("svname") not in (None, "FRONTEND", "BACKEND")]
+
+
+def servers_up(csv: str) -> int:
+    """Servers HAProxy's statistics (CSV) report UP, over all backends."""
+    return sum(1 for r in _server_rows(csv) if r.get("status") == "UP")
 
 
 def server_weights(csv: str, backend: str = "new_sessions") -> dict[str, int]:
     """The current weight of each server of one backend in HAProxy's statistics (CSV): what the replicas'
     load agents last reported, as a share of the configured weight."""
-    lines = csv.lstrip("# ").splitlines()
-    if not lines:
-        return {}
-    cols = lines[0].split(",")
-    px, name, weight = cols.index("pxname"), cols.index("svname"), cols.index("weight")
-    return {row[name]: int(row[weight]) for row in (ln.split(",") for ln in lines[1:])
-            if len(row) > weight and row[px] == backend and row[name] not in ("FRONTEND", "BACKEND") and row[weight]}
+    return {r["svname"]: int(r["weight"]) for r in _server_rows(csv) if r.get("pxname") == backend and r.get("weight")}
 
 
 def run(args: Any) -> int:

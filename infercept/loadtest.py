@@ -216,14 +216,16 @@ async def phase_idle(server: ServerProcess, n: int, sample: int = 200, concurren
         outcomes: list[Any] = []
         first: dict[str, list[float]] = {"hibernated": [], "in_memory": []}
         whole: dict[str, list[float]] = {"hibernated": [], "in_memory": []}
-        rehydrated = _metric(await raw_get(server.url, "/metrics", headers, text=True), "infercept_sessions_rehydrated_total")
+        async def rehydrated() -> float:
+            return _metric(await raw_get(server.url, "/metrics", headers, text=True), "infercept_sessions_rehydrated_total")
+
+        count = await rehydrated()
         for i, ref in enumerate(answer):
             o = await session_client(server.url, API_KEY, i, existing=ref, tool_choice="none")
             outcomes.append(o)
             # One message at a time, so the counter tells whether this session was read back from the store.
-            before, rehydrated = rehydrated, _metric(await raw_get(server.url, "/metrics", headers, text=True),
-                                                     "infercept_sessions_rehydrated_total")
-            where = "hibernated" if rehydrated > before else "in_memory"
+            before, count = count, await rehydrated()
+            where = "hibernated" if count > before else "in_memory"
             if o.kind == "done":
                 whole[where].append(o.seconds)
                 if o.first_token_s is not None:
