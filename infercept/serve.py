@@ -115,8 +115,10 @@ async def serve(args: argparse.Namespace) -> int:
         else:
             await stop.wait()
             print(f"draining: new work refused, running turns get up to {server.drain_s:g} s", flush=True)
+            t_drain = time.perf_counter()
             left = await gw.drain(server.drain_s)
-            print(f"drained ({left} turn(s) still running, marked interrupted); shutting down", flush=True)
+            print(f"drained in {time.perf_counter() - t_drain:.1f} s ({left} turn(s) still running, marked "
+                  f"interrupted); shutting down", flush=True)
     ready.cancel()
     stopped.cancel()
     # Streams still open end with an `error` event now (their sessions committed), so the server's own

@@ -46,10 +46,14 @@ def text_of(events: list[Event]) -> str:
     return "".join(ev["text"] for ev in events if ev.name == "token")
 
 
-async def until_draining(url: str) -> httpx.Response:
-    async with httpx.AsyncClient(base_url=url) as raw:
+async def until_draining(server: ServerProcess) -> httpx.Response:
+    async with httpx.AsyncClient(base_url=server.url) as raw:
         for _ in range(400):
-            health = await raw.get("/healthz")
+            try:
+                health = await raw.get("/healthz")
+            except httpx.ConnectError as e:  # the drain was already over: the turn ended before this poll
+                raise AssertionError(f"the server stopped listening before it was seen draining ({e}); "
+                                     f"log tail:\n{server.log_tail()}") from e
             if health.json()["status"] == "draining":
                 return health
             await asyncio.sleep(0.05)
@@ -68,7 +72,9 @@ async def read_tokens(stream, n: int) -> list[Event]:  # type: ignore[no-untyped
 async def test_kill_9_mid_turn_then_restart_restores_every_session(tmp_path: Path, servers: list[ServerProcess]) -> None:
     port = free_port()
     db = tmp_path / "state" / "sessions.db"
-    cfg = write_config(tmp_path / "serve.yaml", port=port, state_path=str(db), server={"drain_s": 600})
+    # max_model_len 4096: room for the 4000-token turn the drain below waits on.
+    cfg = write_config(tmp_path / "serve.yaml", port=port, state_path=str(db), server={"drain_s": 600},
+                       engine={"max_model_len": 4096})
     a = ServerProcess(cfg, port, tmp_path / "a.log").start()
     servers.append(a)
     await a.wait_ready()
@@ -133,11 +139,13 @@ async def test_kill_9_mid_turn_then_restart_restores_every_session(tmp_path: Pat
         assert stored(db, done.id) is None
 
         # SIGTERM: drain. The running turn finishes; new work is refused meanwhile; exit 0.
-        runner = await c.create_session(tools=[], max_tokens=2000, ignore_eos=True)  # (the end token ends it early)
+        # ignore_eos (the end token would end it early) and 4000 tokens: on CI a 2000-token turn was once over
+        # before the first /healthz poll after the signal reached the server, which had already exited.
+        runner = await c.create_session(tools=[], max_tokens=4000, ignore_eos=True)
         stream = c.stream_message(runner, "Tell me a story")
         seen = await read_tokens(stream, 3)
         b.signal(signal.SIGTERM)
-        health = await until_draining(b.url)
+        health = await until_draining(b)
         assert health.status_code == 503 and health.headers["Retry-After"]
         async with httpx.AsyncClient(base_url=b.url) as raw:
             refused = await raw.post("/v1/sessions", json={})
@@ -169,7 +177,7 @@ async def test_a_second_sigterm_exits_at_once(tmp_path: Path, servers: list[Serv
         seen = await read_tokens(stream, 5)
         engine = s.engine_pids()
         s.signal(signal.SIGTERM)  # drain: this turn could run for the whole 600 s
-        await until_draining(s.url)  # (two signals sent at once can merge into one)
+        await until_draining(s)  # (two signals sent at once can merge into one)
         s.signal(signal.SIGTERM)
         code = await s.wait_exit(60)
         await stream.aclose()
