@@ -4,11 +4,12 @@ other requests, and the swap-in restores it exactly (swap and infercept policies
 from __future__ import annotations
 
 import asyncio
+import os
 from pathlib import Path
 
 import pytest
 
-from engine_adapter.engine import InterceptEngine
+from engine_adapter.engine import InterceptEngine, reserved_cpu_cores
 from gateway.metrics import GatewayMetrics
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
 from tests.engine.helpers import fresh_output, run_turn, wait_all_free
@@ -69,6 +70,28 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
         await s.close()
     counts = await wait_all_free(engine)
     assert counts.free == counts.total and counts.host_tokens == 0, counts
+
+
+@pytest.mark.policies("swap", "preserve")
+async def test_a_kv_connector_leaves_the_engine_core_its_core(policy_engine: InterceptEngine) -> None:
+    """vLLM's CPU backend binds the worker's OpenMP threads to all cores but those it reserves for the engine
+    core; with a KV connector it reserves one more per rank, and on 2 cores then none, so that the worker's
+    second OpenMP thread spins on the engine core's core (`cpu_cores_reserved_as_without_connector`). With or
+    without the swap connector, the worker's threads leave the same cores free."""
+    import psutil
+
+    allowed = os.sched_getaffinity(0)
+    if len(allowed) < 2 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" \
+            or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+        pytest.skip("needs 2 or more cores and vLLM's automatic thread binding")
+    # Every engine worker of this process (this engine's, and any other a test left running: all must hold).
+    workers = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::Worker")]
+    assert workers
+    for w in workers:
+        used: set[int] = set()
+        for t in w.threads():
+            used |= os.sched_getaffinity(t.id)
+        assert len(allowed - used) == reserved_cpu_cores(1), (w.pid, sorted(allowed), sorted(used))
 
 
 async def test_full_swap_space_falls_back_to_discard(uses_engine: None) -> None:
