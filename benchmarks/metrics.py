@@ -166,7 +166,21 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
             "demoted", "pressure_swaps", "discarded", "ttl_expired", "swap_fallbacks", "waiting_evictions",
             "prefetches", "prefetch_hits", "prefetch_late", "prefetch_dropped")},
         "by_type": by_type(outs, cutoff_s, t0.get("by_type", {}), t1.get("by_type", {})),
+        "new_request_wait": new_request_wait(stats0.get("admission"), stats1.get("admission")),
     }
+
+
+def new_request_wait(a0: Mapping[str, Any] | None, a1: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What new requests waited for before their first schedule, over the run (the engine's admission meter):
+    request-seconds by reason, and per request admitted (the mean wait for each reason), or None where the
+    engine does not measure it (the simulator)."""
+    if not a1:
+        return None
+    w0 = (a0 or {}).get("wait_s") or {}
+    waits = {k: v - w0.get(k, 0.0) for k, v in a1["wait_s"].items()}
+    admitted = a1["admitted"] - (a0 or {}).get("admitted", 0)
+    return {"admitted": admitted, "request_s": waits,
+            "mean_s": {k: v / admitted for k, v in waits.items()} if admitted else None}
 
 
 def by_type(outs: Sequence[Outcome], cutoff_s: float, t0: Mapping[str, Mapping[str, float]],

@@ -13,6 +13,8 @@ vLLM 0.32 internals relied on here (the rest are in `vllm_port.py` and `swap_con
 * `SchedulerOutput.{scheduled_new_reqs[*].num_computed_tokens, num_scheduled_tokens,
   total_num_scheduled_tokens}`; `EngineCoreOutput.kv_transfer_params` (carries intercept records to
   the front end: it is passed through to `RequestOutput.kv_transfer_params` for every output);
+* `Scheduler.{waiting, kv_holding_waiting, deferred_waiting}` (the waiting queues and the requests the
+  last scan skipped: read to tell why new requests wait), `SchedulerOutput.scheduled_new_reqs[*].req_id`;
 * `Request.kv_hints` (`vllm.v1.kv_hints.KvHintsEnvelope`): the session id and the tool table;
 * `vllm.v1.engine.core.EngineCore`: utility calls resolve `getattr(EngineCore, name)`; this module
   adds `infercept_call`, which forwards to the scheduler's report methods.
@@ -40,7 +42,7 @@ from engine_adapter.intercept.state import PauseInfo, ResumeKind
 from engine_adapter.offload_connector import InterceptOffloadingConnector
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
 from engine_adapter.triggers import TriggerMatcher, find_call
-from engine_adapter.vllm_port import VllmPort, compile_grammar
+from engine_adapter.vllm_port import READY_STATUSES, VllmPort, compile_grammar
 
 logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
 
@@ -73,6 +75,7 @@ class InterceptScheduler(Scheduler):
         self.ic_turn_end_type = cfg.turn_end_type
         self._ic_step_started: float | None = None
         self._ic_engine_budget = self.max_num_scheduled_tokens  # max_num_batched_tokens: a policy's cap stays within it
+        self._ic_scheduled_once: set[str] = set()  # live requests scheduled at least once (the rest are new)
         logger.info("InferCept scheduler: policy=%s triggers=%s", cfg.policy, [t.name for t in cfg.triggers])
 
     # ------------------------------------------------------------------ triggers
@@ -166,6 +169,7 @@ class InterceptScheduler(Scheduler):
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         self.ic.close(request.request_id, time.monotonic())
+        self._ic_scheduled_once.discard(request.request_id)
         return super()._free_request(request, delay_free_blocks)
 
     def get_num_unfinished_requests(self) -> int:
@@ -182,6 +186,7 @@ class InterceptScheduler(Scheduler):
         if budget is not None:
             self.max_num_scheduled_tokens = min(budget, self._ic_engine_budget)
         out = super().schedule(*args, **kwargs)
+        self._ic_meter_admission(out)
         # A resumed request's first schedule: a new request, or (when vLLM preempted it at some point
         # before, `num_preemptions`) a resumed one among the cached requests.
         cached = out.scheduled_cached_reqs
@@ -190,6 +195,30 @@ class InterceptScheduler(Scheduler):
         self.ic.scheduled(first, out.total_num_scheduled_tokens)
         self._ic_step_started = time.monotonic() if out.total_num_scheduled_tokens else None
         return out
+
+    def _ic_meter_admission(self, out: SchedulerOutput) -> None:
+        """Why the new requests this step leaves waiting wait (the reasons of `meter.WAIT_REASONS`, in the
+        order vLLM's waiting scan stops): what sets their time to first token, besides their prefill."""
+        seen = self._ic_scheduled_once
+        admitted = 0
+        for r in out.scheduled_new_reqs:
+            if r.req_id not in seen:
+                seen.add(r.req_id)
+                admitted += 1
+        waiting_new = sum(1 for r in self.waiting if r.request_id not in seen)
+        reason = None
+        if waiting_new:
+            if self.ic_port.slots_full():
+                reason = "slots"
+            elif out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
+                reason = "budget"
+            else:
+                # The request the scan stopped at: the first one it did not skip (vLLM drains the KV-holding
+                # queue first; skipped ones, a paused session or a swap-in not yet armed, hold no one back).
+                head = next((r for q in (self.kv_holding_waiting, self.waiting) for r in q
+                             if r.status in READY_STATUSES and r not in self.deferred_waiting), None)
+                reason = "behind_resumed" if head is not None and head.request_id in seen else "blocks"
+        self.ic.admission.step(time.monotonic(), waiting_new, reason, admitted)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         if self._ic_step_started is not None:

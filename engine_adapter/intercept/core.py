@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from engine_adapter.intercept.meter import WasteMeter
+from engine_adapter.intercept.meter import AdmissionMeter, WasteMeter
 from engine_adapter.intercept.records import Fate, InterceptRecord, Ledger
 from engine_adapter.intercept.state import (
     Entry,
@@ -74,6 +74,7 @@ class InterceptCore:
         self.profile, self.estimator, self.settings, self.swap = profile, estimator, settings, swap
         self.ledger = Ledger()
         self.meter = WasteMeter(profile.kv_bytes_per_token)
+        self.admission = AdmissionMeter()  # fed by the engine's scheduler (vLLM's queue is not the core's)
         self.entries: dict[str, Entry] = {}
         self.request_of: dict[str, str] = {}  # session id -> its request id (sessions that paused)
         self.outbox: dict[str, list[InterceptRecord]] = {}  # records the front end has yet to see

@@ -86,3 +86,35 @@ class WasteMeter:
             scheduled_tokens=self.scheduled_tokens,
             swap_stall_measured_steps=self.swap_stall_measured_steps,
         )
+
+
+# Why new requests wait for their first schedule, per step of the scheduler (`InterceptScheduler`):
+WAIT_REASONS = (
+    "slots",  # every running slot (max_num_seqs) is taken
+    "budget",  # the step's token budget is used up
+    "blocks",  # a new request heads the queue and its KV blocks cannot be had (or vLLM preempted this step)
+    "behind_resumed",  # a resumed (or preempted) request heads the queue and cannot be scheduled: FCFS holds the rest
+)
+
+
+@dataclass
+class AdmissionMeter:
+    """Request-seconds that new requests spent waiting for their first schedule, by reason (`WAIT_REASONS`):
+    each interval between two schedules is charged, for each new request left waiting by the first, to the
+    reason that step left them waiting for. Divided by the requests admitted, a mean wait per new request."""
+
+    wait_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_REASONS, 0.0))
+    admitted: int = 0  # new requests scheduled for the first time
+    fed: bool = False  # an engine's scheduler feeds it (vLLM's; the simulator's does not)
+    _mark: tuple[float, int, str] | None = None  # (when, new requests left waiting, why) at the last schedule
+
+    def step(self, now: float, waiting_new: int, reason: str | None, admitted: int) -> None:
+        """One schedule: `admitted` new requests got their first tokens scheduled, `waiting_new` are left
+        waiting for `reason` (None when none are). A request is charged from the first schedule that finds
+        it waiting (not from its arrival: at most one step less)."""
+        self.fed = True
+        if self._mark is not None:
+            t, n, why = self._mark
+            self.wait_s[why] += max(0.0, now - t) * n
+        self.admitted += admitted
+        self._mark = (now, waiting_new, reason) if waiting_new and reason is not None else None

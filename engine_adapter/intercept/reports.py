@@ -133,6 +133,16 @@ class EngineStats:
     profile: ProfileReport
     swap: SwapReport | None = None
     host_tier: HostTierReport | None = None
+    admission: AdmissionReport | None = None  # where the engine's scheduler feeds the meter (vLLM's)
+
+
+@dataclass(frozen=True)
+class AdmissionReport:
+    """New requests' waits for their first schedule: request-seconds by reason (`meter.WAIT_REASONS`), and
+    how many were admitted."""
+
+    wait_s: dict[str, float]
+    admitted: int
 
 
 @dataclass(frozen=True)
@@ -162,6 +172,7 @@ def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, wait
         profile=ProfileReport(prof.source, prof.device, prof.saturation_tokens, prof.kv_bytes_per_token,
                               {str(k): v for k, v in prof.refinement().items()}),
         swap=swap_report(core), host_tier=host_tier,
+        admission=AdmissionReport(dict(core.admission.wait_s), core.admission.admitted) if core.admission.fed else None,
     )
 
 

@@ -154,6 +154,13 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     assert out["jct_s"]["mean"] == pytest.approx((3.0 + 5.0) / 2)
     assert out["waste_share_of_capacity_time"] == pytest.approx(150 / (1000 * 10))
     assert out["recompute_share_of_forward"] == pytest.approx(0.25) and out["intercepts"] == 3
+    assert out["new_request_wait"] is None  # an engine without the admission meter (the simulator)
+    # The engine's admission meter, over the run: request-seconds by reason and the mean per admitted request.
+    stats0["admission"] = {"wait_s": {"slots": 1.0, "budget": 0.0, "blocks": 0.0, "behind_resumed": 0.0}, "admitted": 2}
+    stats1["admission"] = {"wait_s": {"slots": 5.0, "budget": 2.0, "blocks": 0.0, "behind_resumed": 1.0}, "admitted": 10}
+    wait = summarize(outs, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)["new_request_wait"]
+    assert wait["admitted"] == 8 and wait["request_s"] == {"slots": 4.0, "budget": 2.0, "blocks": 0.0, "behind_resumed": 1.0}
+    assert wait["mean_s"]["slots"] == pytest.approx(0.5) and wait["mean_s"]["behind_resumed"] == pytest.approx(1 / 8)
 
 
 def test_turn_timing_splits_admission_resume_and_decode() -> None:

@@ -96,3 +96,29 @@ async def test_a_model_written_observation_ends_the_turn(policy_engine: Intercep
     assert end.text == "Thought: add\nObservation:"
     assert end.intercept is not None and end.intercept.trigger == "observation"
     await s.close()
+
+
+@pytest.mark.policies("preserve")
+async def test_new_requests_waiting_for_a_slot_are_metered(policy_engine: InterceptEngine) -> None:
+    """More new sessions than running slots: those beyond the slots wait, and the admission meter charges
+    their wait to the slots (what the benchmark reads to tell why new requests' first tokens come late)."""
+    engine = policy_engine
+    before = (await engine.stats()).admission  # None until the scheduler has run a step
+    waited0, admitted0 = (before.wait_s["slots"], before.admitted) if before else (0.0, 0)
+    n = engine.config.max_num_seqs + 2
+
+    async def one(i: int) -> None:
+        s = engine.open_session(max_tokens=24, ignore_eos=True)
+        try:
+            async for _ in s.turn(engine.encode(f"Session {i}: count the doors in the hall.")):
+                pass
+        finally:
+            await s.close()  # a paused session keeps its slot (preserve): closing gives it back
+
+    await asyncio.wait_for(asyncio.gather(*(one(i) for i in range(n))), timeout=120)
+    after = (await engine.stats()).admission
+    assert after is not None
+    assert after.admitted - admitted0 == n
+    assert after.wait_s["slots"] > waited0, (before, after)
+    assert set(after.wait_s) == {"slots", "budget", "blocks", "behind_resumed"}
+    await wait_all_free(engine)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine_adapter.intercept.meter import WasteMeter
+from engine_adapter.intercept.meter import WAIT_REASONS, AdmissionMeter, WasteMeter
 from engine_adapter.intercept.records import (
     BlockCounts,
     Fate,
@@ -74,3 +74,14 @@ def test_waste_meter_by_kind() -> None:
     assert rep.by_kind["swap_stall"].token_s == pytest.approx(0.05 * 3000)
     assert rep.by_kind["preserved_idle"].gb_min == pytest.approx(6000 * 1000 / 1e9 / 60)
     assert m.recomputing == {}
+
+
+def test_admission_meter_charges_each_interval_to_the_reason_the_step_before_gave() -> None:
+    m = AdmissionMeter()
+    assert not m.fed  # an engine whose scheduler never fed it reports nothing (the simulator's)
+    m.step(10.0, waiting_new=3, reason="slots", admitted=1)  # 3 new requests left waiting: no slot
+    m.step(10.5, waiting_new=1, reason="budget", admitted=2)  # 0.5 s x 3 charged to the slots
+    m.step(11.0, waiting_new=0, reason=None, admitted=1)  # 0.5 s x 1 to the budget; nobody waits now
+    m.step(12.0, waiting_new=0, reason=None, admitted=0)  # nothing charged
+    assert m.wait_s == {"slots": 1.5, "budget": 0.5, "blocks": 0.0, "behind_resumed": 0.0}
+    assert m.admitted == 4 and set(m.wait_s) == set(WAIT_REASONS)
