@@ -13,8 +13,7 @@ vLLM 0.32 internals relied on here (the rest are in `vllm_port.py` and `swap_con
 * `SchedulerOutput.{scheduled_new_reqs[*].num_computed_tokens, num_scheduled_tokens,
   total_num_scheduled_tokens}`; `EngineCoreOutput.kv_transfer_params` (carries intercept records to
   the front end: it is passed through to `RequestOutput.kv_transfer_params` for every output);
-* `Scheduler.{waiting, kv_holding_waiting, deferred_waiting}` (the waiting queues and the requests the
-  last scan skipped: read to tell why new requests wait), `SchedulerOutput.scheduled_new_reqs[*].req_id`;
+* `Scheduler.waiting` (counted to tell new requests waiting), `SchedulerOutput.scheduled_new_reqs[*].req_id`;
 * `Request.kv_hints` (`vllm.v1.kv_hints.KvHintsEnvelope`): the session id and the tool table;
 * `vllm.v1.engine.core.EngineCore`: utility calls resolve `getattr(EngineCore, name)`; this module
   adds `infercept_call`, which forwards to the scheduler's report methods.
@@ -42,7 +41,7 @@ from engine_adapter.intercept.state import PauseInfo, ResumeKind
 from engine_adapter.offload_connector import InterceptOffloadingConnector
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
 from engine_adapter.triggers import TriggerMatcher, find_call
-from engine_adapter.vllm_port import READY_STATUSES, VllmPort, compile_grammar
+from engine_adapter.vllm_port import VllmPort, compile_grammar
 
 logger = init_logger("vllm.infercept." + __name__)  # under vLLM's configured logger tree
 
@@ -213,10 +212,7 @@ class InterceptScheduler(Scheduler):
             elif out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
                 reason = "budget"
             else:
-                # The request the scan stopped at: the first one it did not skip (vLLM drains the KV-holding
-                # queue first; skipped ones, a paused session or a swap-in not yet armed, hold no one back).
-                head = next((r for q in (self.kv_holding_waiting, self.waiting) for r in q
-                             if r.status in READY_STATUSES and r not in self.deferred_waiting), None)
+                head = self.ic_port.scan_stop()
                 reason = "behind_resumed" if head is not None and head.request_id in seen else "blocks"
         self.ic.admission.step(time.monotonic(), waiting_new, reason, admitted)
 

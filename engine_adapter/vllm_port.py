@@ -35,7 +35,7 @@ Elsewhere (one function each, below):
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container, Iterable
+from collections.abc import Callable, Container, Iterable, Iterator
 from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
@@ -45,7 +45,7 @@ from engine_adapter.intercept.state import StepView
 from engine_adapter.intercept.step import StepLimits, StepRequest, arrival_index, step_view, to_front
 
 # Waiting requests vLLM can admit this step (the others wait for a KV load, a grammar, their next input).
-READY_STATUSES = (RequestStatus.WAITING, RequestStatus.PREEMPTED)  # a waiting request vLLM's scan may admit
+_READY = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
 
 class VllmPort:
@@ -96,7 +96,7 @@ class VllmPort:
     def kv_holding_waiting(self) -> list[str]:
         # vLLM's own test for a waiting request holding blocks (`Scheduler._holds_kv_blocks`), among
         # those it could admit now.
-        return [r.request_id for r in self.s.kv_holding_waiting if r.status in READY_STATUSES and r.num_computed_tokens > 0]
+        return [r.request_id for r in self.s.kv_holding_waiting if r.status in _READY and r.num_computed_tokens > 0]
 
     def evict_waiting(self, request_id: str) -> None:
         # As `Scheduler._preempt_request` frees a running request, then where a recomputed resume goes.
@@ -135,7 +135,7 @@ class VllmPort:
         queue = self.s.waiting
         if not hasattr(queue, "insert") or not queue:
             return 0
-        ready = [r for r in queue if r.status in READY_STATUSES]
+        ready = [r for r in queue if r.status in _READY]
         ids = order((self._step_request(r, r.num_tokens) for r in ready), self.num_free_blocks(), self._limits())
         if not ids:
             return 0
@@ -149,9 +149,17 @@ class VllmPort:
         """The step vLLM is about to build (`intercept/step.py` has the rule), over its own queues."""
         s = self.s
         running = (self._step_request(r, r.num_tokens_with_spec + r.num_output_placeholders) for r in s.running)
-        admissible = (self._step_request(r, r.num_tokens) for q in (s.kv_holding_waiting, s.waiting) for r in q
-                      if r.status in READY_STATUSES)
+        admissible = (self._step_request(r, r.num_tokens) for r in self._admissible())
         return step_view(running, admissible, self._limits())
+
+    def _admissible(self) -> Iterator[Request]:
+        """The waiting requests vLLM's scan may admit, in its order (the KV-holding queue drains first)."""
+        return (r for q in (self.s.kv_holding_waiting, self.s.waiting) for r in q if r.status in _READY)
+
+    def scan_stop(self) -> Request | None:
+        """After a schedule: the waiting request vLLM's scan stopped at, the first admissible one it did not
+        skip (skipped ones, a swap-in not yet armed or a grammar not yet compiled, hold no one back)."""
+        return next((r for r in self._admissible() if r not in self.s.deferred_waiting), None)
 
     def _limits(self) -> StepLimits:
         s = self.s

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_adapter.engine import InterceptEngine, reserved_cpu_cores
+from engine_adapter.engine import RESERVED_CPU_ENV, InterceptEngine, reserved_cpu_cores
 from gateway.metrics import GatewayMetrics
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
 from tests.engine.helpers import fresh_output, run_turn, wait_all_free
@@ -82,7 +82,7 @@ async def test_a_kv_connector_leaves_the_engine_core_its_core(policy_engine: Int
 
     allowed = os.sched_getaffinity(0)
     if len(allowed) < 2 or os.environ.get("VLLM_CPU_OMP_THREADS_BIND", "auto") != "auto" \
-            or "VLLM_CPU_NUM_OF_RESERVED_CPU" in os.environ:
+            or RESERVED_CPU_ENV in os.environ:
         pytest.skip("needs 2 or more cores and vLLM's automatic thread binding")
     # Every engine worker of this process (this engine's, and any other a test left running: all must hold).
     workers = [p for p in psutil.Process().children(recursive=True) if p.name().startswith("VLLM::Worker")]
