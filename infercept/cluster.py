@@ -98,7 +98,7 @@ class Cluster:
             raise RuntimeError(f"HAProxy refused {cfg_path}: {check.stderr or check.stdout}")
         with open(self.dir / "haproxy.log", "ab") as out:
             self.haproxy = subprocess.Popen([haproxy, "-db", "-f", str(cfg_path)], stdout=out, stderr=subprocess.STDOUT,
-                                            start_new_session=True)
+                                            process_group=0)  # not a new session: see ServerProcess.start
         print(f"HAProxy: {self.url} (config {cfg_path})", flush=True)
 
     def _replica_config(self, name: str, port: int, agent_port: int) -> Path:

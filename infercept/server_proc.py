@@ -44,8 +44,13 @@ class ServerProcess:
         cmd = [str(exe), "serve", "--config", str(self.config)] if exe.exists() else \
             [sys.executable, "-m", "infercept", "serve", "--config", str(self.config)]
         with open(self.log, "ab") as out:
-            # Its own process group: the owner can always take the server and its engine down together.
-            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
+            # Its own process group (the owner can always take the server and its engine down together) but
+            # not its own session: with the kernel's autogroup scheduling (sched_autogroup_enabled=1, the
+            # default) a new session is a new scheduling group, and on this 2-core machine a client process
+            # in the owner's group was seen runnable yet unscheduled for up to 13 s (its /proc schedstat
+            # run delay) while the server's engine decoded, which a timed client (the drain test, the
+            # load test) reads as a slow server.
+            self.proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=REPO, process_group=0,
                                          env={**os.environ, "PYTHONPATH": str(REPO), "TOKENIZERS_PARALLELISM": "false"})
         return self
 

@@ -6,6 +6,7 @@ exit 0) and a second SIGTERM (exit at once, nothing committed lost)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import sqlite3
 from collections.abc import Iterator
@@ -168,6 +169,10 @@ async def test_a_second_sigterm_exits_at_once(tmp_path: Path, servers: list[Serv
     s = ServerProcess(cfg, port, tmp_path / "c.log").start()
     servers.append(s)
     await s.wait_ready()
+    assert s.proc is not None
+    # Its own process group (stop() kills the group), in this test's session: a new session is a new
+    # scheduling autogroup, and this test's client was once left unscheduled for the whole turn.
+    assert os.getpgid(s.proc.pid) == s.proc.pid and os.getsid(s.proc.pid) == os.getsid(0)
     async with AsyncClient(s.url) as c:
         # ignore_eos: the turn runs its 4000 tokens whatever the tiny model's greedy path is on this CPU (on
         # CI's it met the end token first once, and the turn was over before the signal); 4000, not 2000: a
