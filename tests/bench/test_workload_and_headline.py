@@ -152,6 +152,9 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     # The unfinished one counts with a lower bound: (6 - 1 - 0) / 10 = 0.5 s/token; the finished 2/20.
     assert out["normalized_latency_s"]["median"] == pytest.approx((0.1 + 0.5) / 2)
     assert out["jct_s"]["mean"] == pytest.approx((3.0 + 5.0) / 2)
+    # Every request's time to first token but the failed one's: none had a first token, so each counts
+    # with its lower bound, the cutoff less its arrival.
+    assert out["ttft_samples_s"] == [5.0, 6.0]
     assert out["waste_share_of_capacity_time"] == pytest.approx(150 / (1000 * 10))
     assert out["recompute_share_of_forward"] == pytest.approx(0.25) and out["intercepts"] == 3
     assert out["new_request_wait"] is None  # an engine without the admission meter (the simulator)
