@@ -148,6 +148,7 @@ class SimEngine:
         budget = core.before_schedule(sched.step_view, self.now)
         sched.max_num_scheduled_tokens = sched.default_budget if budget is None else min(budget, sched.default_budget)
         out = sched.schedule()
+        core.admission.step(self.now, *sched.admission(out))
         copies = core.step_copies() if core.swap is not None else None
         core.scheduled(out.new, out.load.tokens)
         fwd = self.cost.forward_s(out.load)
@@ -249,6 +250,7 @@ class SimEngine:
             r.blocks = []
             sched.requests.pop(r.rid, None)
         sched.running, sched.waiting, sched.kv_ready = [], [], []
+        sched._scheduled_once.clear()
         sched.loading, sched.inflight, sched.paused_slots = set(), set(), 0
         self._events = [e for e in self._events if e[3].rid not in self._alive]
         heapq.heapify(self._events)

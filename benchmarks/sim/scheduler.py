@@ -66,6 +66,10 @@ class SimScheduler:
         self._head = 0
         self._serial = 0
         self._recv_done: list[str] = []
+        # The admission meter's view (`InterceptScheduler._ic_meter_admission`): requests scheduled at least
+        # once (the others are new), and the waiting request the last scan stopped at.
+        self._scheduled_once: set[str] = set()
+        self._scan_stop: SimRequest | None = None
 
     # ================================================================== KvPort
     def release(self, request_id: str) -> None:
@@ -179,6 +183,7 @@ class SimScheduler:
         r.blocks = []
         r.status = Status.FINISHED
         del self.requests[r.rid]
+        self._scheduled_once.discard(r.rid)
 
     def unfinished(self) -> int:
         """Work the engine steps for (vLLM's count, less paused sessions)."""
@@ -210,6 +215,7 @@ class SimScheduler:
     # ================================================================== one step
     def schedule(self) -> Scheduled:
         self._promote_loaded()
+        self._scan_stop = None
         out = Scheduled()
         budget = self.max_num_scheduled_tokens
         tokens = reqs = ctx = pairs = cross = 0
@@ -253,6 +259,28 @@ class SimScheduler:
         out.load = StepLoad(tokens, reqs, ctx, pairs, cross)
         return out
 
+    def admission(self, out: Scheduled) -> tuple[int, str | None, int]:
+        """For the admission meter, after a schedule, as the engine's scheduler charges it: (new requests
+        left waiting, the reason of `meter.WAIT_REASONS` they wait for, new requests scheduled for the
+        first time)."""
+        seen = self._scheduled_once
+        admitted = 0
+        for r in out.tokens:
+            if r.rid not in seen:
+                seen.add(r.rid)
+                admitted += 1
+        waiting_new = sum(1 for r in self.waiting if r.rid not in seen)
+        reason = None
+        if waiting_new:
+            if self.slots_full():
+                reason = "slots"
+            elif out.load.tokens >= self.max_num_scheduled_tokens:
+                reason = "budget"
+            else:
+                stop = self._scan_stop
+                reason = "behind_resumed" if stop is not None and stop.rid in seen else "blocks"
+        return waiting_new, reason, admitted
+
     def _schedule_waiting(self, out: Scheduled, budget: int) -> tuple[int, tuple[int, int, int, int, int]]:
         tokens = reqs = ctx = pairs = cross = 0
         limits = self._limits()
@@ -288,6 +316,7 @@ class SimScheduler:
             # are free blocks too, so they count against the free pool.
             adm = admission(computed, r.num_tokens, n, len(r.blocks), limits)
             if not adm.fits(self.pool.num_free(), self._reserved() if load_async else 0):
+                self._scan_stop = r
                 break
             need = adm.chunk_blocks - len(hits)
             if hits:

@@ -105,7 +105,7 @@ class AdmissionMeter:
 
     wait_s: dict[str, float] = field(default_factory=lambda: dict.fromkeys(WAIT_REASONS, 0.0))
     admitted: int = 0  # new requests scheduled for the first time
-    fed: bool = False  # an engine's scheduler feeds it (vLLM's; the simulator's does not)
+    fed: bool = False  # an engine's scheduler feeds it (vLLM's, or the simulator's)
     _mark: tuple[float, int, str] | None = None  # (when, new requests left waiting, why) at the last schedule
 
     def step(self, now: float, waiting_new: int, reason: str | None, admitted: int) -> None:

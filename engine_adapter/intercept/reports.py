@@ -133,7 +133,7 @@ class EngineStats:
     profile: ProfileReport
     swap: SwapReport | None = None
     host_tier: HostTierReport | None = None
-    admission: AdmissionReport | None = None  # where the engine's scheduler feeds the meter (vLLM's)
+    admission: AdmissionReport | None = None  # where a scheduler feeds the meter (vLLM's, the simulator's)
 
 
 @dataclass(frozen=True)

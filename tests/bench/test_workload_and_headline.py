@@ -157,7 +157,7 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     assert out["ttft_samples_s"] == [5.0, 6.0]
     assert out["waste_share_of_capacity_time"] == pytest.approx(150 / (1000 * 10))
     assert out["recompute_share_of_forward"] == pytest.approx(0.25) and out["intercepts"] == 3
-    assert out["new_request_wait"] is None  # an engine without the admission meter (the simulator)
+    assert out["new_request_wait"] is None  # a report without the admission meter (an engine that does not feed it)
     # The engine's admission meter, over the run: request-seconds by reason and the mean per admitted request.
     stats0["admission"] = {"wait_s": {"slots": 1.0, "budget": 0.0, "blocks": 0.0, "behind_resumed": 0.0}, "admitted": 2}
     stats1["admission"] = {"wait_s": {"slots": 5.0, "budget": 2.0, "blocks": 0.0, "behind_resumed": 1.0}, "admitted": 10}

@@ -277,3 +277,21 @@ def test_sessions_resumed_in_place_that_fill_the_cache_do_not_deadlock(tmp_path:
     assert [r.output_tokens for r in reqs] == [4, 4, 4]
     assert eng.core.ledger.totals.waiting_evictions >= 1
     assert eng.sched.pool.num_free() == 20
+
+
+def test_the_admission_meter_charges_a_new_requests_wait_for_blocks_as_the_engine_does(tmp_path: Path) -> None:
+    # 8 blocks of 16 tokens. `a` takes 7 (a 100-token prompt, 10 tokens decoded); `b` (a 60-token prompt,
+    # 4 blocks) arrives 1 ms later and waits for blocks until `a` finishes: the reason vLLM's scan gives.
+    eng = toy_bench(tmp_path, kv_tokens=128, max_num_seqs=4).engine("preserve", check_every=1)
+    a, b = request("a", 100, [(10, None, 0)]), request("b", 60, [(2, None, 0)], arrival=0.001)
+    eng.submit(a)
+    eng.submit(b)
+    eng.run()
+    report = eng.stats()["admission"]
+    assert report["admitted"] == 2
+    assert set(report["wait_s"]) == {"slots", "budget", "blocks", "behind_resumed"}
+    # Charged from the first schedule that found `b` waiting (the second step, at 10 ms) to the one that
+    # admitted it, the step after `a`'s last; `b`'s first token comes at the end of that step.
+    assert report["wait_s"]["blocks"] == pytest.approx(b.first_token_s - STEP_S - STEP_S)
+    assert report["wait_s"]["blocks"] == pytest.approx(a.end_s - STEP_S)
+    assert sum(report["wait_s"].values()) == report["wait_s"]["blocks"]

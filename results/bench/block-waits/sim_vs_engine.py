@@ -15,10 +15,13 @@ sim = res["results"][label][seed][f"{rate:g}"]
 keys = ["requests", "completed", "intercepts", "pressure_swaps", "swapped_out_tokens", "swapped_in_tokens", "recomputed_tokens",
         "demoted", "discarded", "iterations", "scheduled_tokens", "forward_s", "span_s", "waste_share_of_capacity_time"]
 rows = [("sim", sim)] + [(p, json.load(open(p))) for p in engine_points]
+def waits(r):
+    m = (r.get("new_request_wait") or {}).get("mean_s")
+    return "/".join(f"{m[k] * 1e3:.1f}" for k in ("slots", "budget", "blocks", "behind_resumed")) if m else "-"
 def f(x):
     return f"{x:.3g}" if isinstance(x, float) else str(x)
-print("| run | " + " | ".join(keys + ["TTFT p50/p99 (s)", "norm. latency median (ms)"]) + " |")
+print("| run | " + " | ".join(keys + ["TTFT p50/p99 (s)", "norm. latency median (ms)", "mean wait per new request: slots/budget/blocks/behind a resumed head (ms)"]) + " |")
 for name, r in rows:
     t = r["ttft_s"]
     print(f"| {name.split('/')[-3] if '/' in name else name} | " + " | ".join(f(r.get(k)) for k in keys) +
-          f" | {t['median']:.3f} / {t['p99']:.2f} | {r['normalized_latency_s']['median']*1e3:.1f} |")
+          f" | {t['median']:.3f} / {t['p99']:.2f} | {r['normalized_latency_s']['median']*1e3:.1f} | {waits(r)} |")
