@@ -198,23 +198,14 @@ class InterceptScheduler(Scheduler):
     def _ic_meter_admission(self, out: SchedulerOutput) -> None:
         """Why the new requests this step leaves waiting wait (the reasons of `meter.WAIT_REASONS`, in the
         order vLLM's waiting scan stops): what sets their time to first token, besides their prefill."""
-        seen = self._ic_scheduled_once
-        admitted = 0
-        for r in out.scheduled_new_reqs:
-            if r.req_id not in seen:
-                seen.add(r.req_id)
-                admitted += 1
-        waiting_new = sum(1 for r in self.waiting if r.request_id not in seen)
-        reason = None
-        if waiting_new:
-            if self.ic_port.slots_full():
-                reason = "slots"
-            elif out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens:
-                reason = "budget"
-            else:
-                head = self.ic_port.scan_stop()
-                reason = "behind_resumed" if head is not None and head.request_id in seen else "blocks"
-        self.ic.admission.step(time.monotonic(), waiting_new, reason, admitted)
+        def stop() -> str | None:
+            head = self.ic_port.scan_stop()
+            return head.request_id if head is not None else None
+
+        self.ic.admission.schedule(time.monotonic(), (r.req_id for r in out.scheduled_new_reqs),
+                                   (r.request_id for r in self.waiting), self._ic_scheduled_once,
+                                   slots_full=self.ic_port.slots_full(),
+                                   budget_full=out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens, stop=stop)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
         if self._ic_step_started is not None:

@@ -148,7 +148,7 @@ class SimEngine:
         budget = core.before_schedule(sched.step_view, self.now)
         sched.max_num_scheduled_tokens = sched.default_budget if budget is None else min(budget, sched.default_budget)
         out = sched.schedule()
-        core.admission.step(self.now, *sched.admission(out))
+        sched.meter_admission(core.admission, self.now, out)
         copies = core.step_copies() if core.swap is not None else None
         core.scheduled(out.new, out.load.tokens)
         fwd = self.cost.forward_s(out.load)

@@ -29,6 +29,7 @@ from typing import Any
 from infercept.benchmarks.sim.cost import StepLoad
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.request import SimRequest, Status
+from engine_adapter.intercept.meter import AdmissionMeter
 from engine_adapter.intercept.records import BlockCounts
 from engine_adapter.intercept.state import StepView
 from engine_adapter.intercept.step import StepLimits, StepRequest, admission, arrival_index, step_view, to_front
@@ -259,27 +260,11 @@ class SimScheduler:
         out.load = StepLoad(tokens, reqs, ctx, pairs, cross)
         return out
 
-    def admission(self, out: Scheduled) -> tuple[int, str | None, int]:
-        """For the admission meter, after a schedule, as the engine's scheduler charges it: (new requests
-        left waiting, the reason of `meter.WAIT_REASONS` they wait for, new requests scheduled for the
-        first time)."""
-        seen = self._scheduled_once
-        admitted = 0
-        for r in out.tokens:
-            if r.rid not in seen:
-                seen.add(r.rid)
-                admitted += 1
-        waiting_new = sum(1 for r in self.waiting if r.rid not in seen)
-        reason = None
-        if waiting_new:
-            if self.slots_full():
-                reason = "slots"
-            elif out.load.tokens >= self.max_num_scheduled_tokens:
-                reason = "budget"
-            else:
-                stop = self._scan_stop
-                reason = "behind_resumed" if stop is not None and stop.rid in seen else "blocks"
-        return waiting_new, reason, admitted
+    def meter_admission(self, meter: AdmissionMeter, now: float, out: Scheduled) -> tuple[int, str | None, int]:
+        """Feed the admission meter this schedule as the engine's scheduler does (`AdmissionMeter.schedule`)."""
+        return meter.schedule(now, (r.rid for r in out.tokens), (r.rid for r in self.waiting), self._scheduled_once,
+                              slots_full=self.slots_full(), budget_full=out.load.tokens >= self.max_num_scheduled_tokens,
+                              stop=lambda: self._scan_stop.rid if self._scan_stop is not None else None)
 
     def _schedule_waiting(self, out: Scheduled, budget: int) -> tuple[int, tuple[int, int, int, int, int]]:
         tokens = reqs = ctx = pairs = cross = 0

@@ -11,7 +11,7 @@ Kinds, in token-seconds (x M bytes = byte-seconds; / 1e9 / 60 = GB-min):
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from engine_adapter.intercept.reports import WasteKind, WasteReport
@@ -107,6 +107,31 @@ class AdmissionMeter:
     admitted: int = 0  # new requests scheduled for the first time
     fed: bool = False  # an engine's scheduler feeds it (vLLM's, or the simulator's)
     _mark: tuple[float, int, str] | None = None  # (when, new requests left waiting, why) at the last schedule
+
+    def schedule(self, now: float, scheduled: Iterable[str], waiting: Iterable[str], seen: set[str], *,
+                 slots_full: bool, budget_full: bool, stop: Callable[[], str | None]) -> tuple[int, str | None, int]:
+        """One schedule as vLLM's waiting scan left it (the engine's scheduler and the simulator's call this):
+        `scheduled`, the requests it took from the waiting queue; `waiting`, those still waiting; `seen`, those
+        scheduled at least once before (the others are new; updated here); `stop`, the waiting request the
+        scan stopped at, asked only when neither the slots nor the budget explain the wait. Returns (new
+        requests left waiting, why, new requests scheduled for the first time)."""
+        admitted = 0
+        for rid in scheduled:
+            if rid not in seen:
+                seen.add(rid)
+                admitted += 1
+        waiting_new = sum(1 for rid in waiting if rid not in seen)
+        reason = None
+        if waiting_new:
+            if slots_full:
+                reason = "slots"
+            elif budget_full:
+                reason = "budget"
+            else:
+                head = stop()
+                reason = "behind_resumed" if head is not None and head in seen else "blocks"
+        self.step(now, waiting_new, reason, admitted)
+        return waiting_new, reason, admitted
 
     def step(self, now: float, waiting_new: int, reason: str | None, admitted: int) -> None:
         """One schedule: `admitted` new requests got their first tokens scheduled, `waiting_new` are left

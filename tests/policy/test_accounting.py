@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
 from engine_adapter.intercept.meter import WAIT_REASONS, AdmissionMeter, WasteMeter
@@ -78,10 +80,31 @@ def test_waste_meter_by_kind() -> None:
 
 def test_admission_meter_charges_each_interval_to_the_reason_the_step_before_gave() -> None:
     m = AdmissionMeter()
-    assert not m.fed  # an engine whose scheduler never fed it reports nothing (the simulator's)
+    assert not m.fed  # an engine whose scheduler never fed it reports nothing
     m.step(10.0, waiting_new=3, reason="slots", admitted=1)  # 3 new requests left waiting: no slot
     m.step(10.5, waiting_new=1, reason="budget", admitted=2)  # 0.5 s x 3 charged to the slots
     m.step(11.0, waiting_new=0, reason=None, admitted=1)  # 0.5 s x 1 to the budget; nobody waits now
     m.step(12.0, waiting_new=0, reason=None, admitted=0)  # nothing charged
     assert m.wait_s == {"slots": 1.5, "budget": 0.5, "blocks": 0.0, "behind_resumed": 0.0}
     assert m.admitted == 4 and set(m.wait_s) == set(WAIT_REASONS)
+
+
+def test_a_schedule_is_charged_to_the_first_reason_the_waiting_scan_gives() -> None:
+    m, seen = AdmissionMeter(), {"r"}  # `r` ran before: a resumed request
+    asked: list[str] = []
+
+    def stop(rid: str | None) -> Callable[[], str | None]:
+        def scan_stop() -> str | None:
+            asked.append("stop")
+            return rid
+        return scan_stop
+
+    # `a` and `b` are new; `a` is scheduled (its first schedule), `b` and `r` are left waiting.
+    assert m.schedule(0.0, ["a"], ["b", "r"], seen, slots_full=True, budget_full=True, stop=stop("b")) == (1, "slots", 1)
+    assert seen == {"r", "a"} and asked == []  # the scan's stop is asked only when slots and budget do not explain it
+    assert m.schedule(1.0, [], ["b", "r"], seen, slots_full=False, budget_full=True, stop=stop("b")) == (1, "budget", 0)
+    assert m.schedule(2.0, [], ["r", "b"], seen, slots_full=False, budget_full=False, stop=stop("r")) == (1, "behind_resumed", 0)
+    assert m.schedule(3.0, [], ["b"], seen, slots_full=False, budget_full=False, stop=stop("b")) == (1, "blocks", 0)
+    assert m.schedule(4.0, ["b", "a"], [], seen, slots_full=False, budget_full=False, stop=stop(None)) == (0, None, 1)
+    assert asked == ["stop", "stop"]
+    assert m.wait_s == {"slots": 1.0, "budget": 1.0, "behind_resumed": 1.0, "blocks": 1.0} and m.admitted == 2

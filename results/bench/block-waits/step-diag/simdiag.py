@@ -1,39 +1,28 @@
 """The simulator with diagstep's per-step line: python simdiag.py BENCH_JSON LABEL SEED RATE (IC_DIAG=file)."""
 import sys
-sys.path.insert(0, "/work/runs/src-diag")
-import diagstep
-from infercept.benchmarks.sim import engine as simengine
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import diagstep  # noqa: E402
 from infercept.benchmarks.sim.validate import read_bench, fit_cost, sim_bench
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.workload import ShareGPT
 
 from infercept.benchmarks.sim.scheduler import SimScheduler
-_adm = SimScheduler.admission
-
-
+_meter = SimScheduler.meter_admission
 ON = [False]
 
 
-def admission(self, out):
-    wn, why, admitted = _adm(self, out)
-    if not ON[0]:
-        return wn, why, admitted
-    eng = self._diag_engine
-    diagstep.line(self.core, eng.now, sum(len(r.blocks) for r in self.running), len(self.running), wn, why,
-                  out.load.tokens, self.pool.num_free(), 0)
+def meter_admission(self, meter, now, out):
+    wn, why, admitted = _meter(self, meter, now, out)
+    if ON[0]:
+        diagstep.line(self.core, now, sum(len(r.blocks) for r in self.running), len(self.running), wn, why,
+                      out.load.tokens, self.pool.num_free(), 0)
     return wn, why, admitted
 
 
-SimScheduler.admission = admission
-_init = simengine.SimEngine.__init__
+SimScheduler.meter_admission = meter_admission
 
-
-def init(self, *a, **k):
-    _init(self, *a, **k)
-    self.sched._diag_engine = self
-
-
-simengine.SimEngine.__init__ = init
 from infercept.benchmarks.sim import sweep as sweepmod
 _rp = sweepmod.run_policy
 
