@@ -34,6 +34,7 @@ kv_cache_groups[*].kv_cache_spec.page_size_bytes, kv_cache_tensors}`, the worker
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -161,8 +162,11 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         return SwapStallStats(data=dict(data or {}))
 
     # ============================================================== scheduler side
-    @property
+    @functools.cached_property
     def host_slots(self) -> int:
+        # Computed once: it is read every step (`build_connector_meta`), and vLLM's page size makes a
+        # tensor per call (`get_dtype_size`): 0.27 ms a step on the CPU engine, 4% of its wall time
+        # under `infercept` at 4 req/s (py-spy, docs/results.md "Session 13").
         assert self._kv_cfg is not None
         return max(0, self.swap_space_bytes // max(1, kv_block_bytes(self._kv_cfg)))
 
