@@ -9,6 +9,8 @@
   look free).
 * Decode steps for batch shapes that matter (B concurrent requests at a given context): recorded in
   `extra` for reference; the waste equations use the prefill grid.
+* The prefill path's cost per step (`extra.chunk_step_s`): what a decoding request's step gains when a
+  short prompt prefills beside it (`chunk_step_s`); the simulator charges it per prefilled request.
 * S, the saturation point: the smallest N whose time per token is within 5% of the best, counting the
   iteration's fixed part (one decode step of one request) with T_fwd(N).
 * M, KV bytes per token: from the model config (2 x layers x KV heads x head size x dtype bytes).
@@ -61,6 +63,43 @@ async def decode_step_s(engine: InterceptEngine, batch: int, context: int, steps
             await s.close()
     gaps = [b - a for st in stamps for a, b in zip(st[1:-1], st[2:-1])]
     return statistics.median(gaps) if gaps else float("nan")
+
+
+async def chunk_step_s(engine: InterceptEngine, context: int = 512, chunk: int = 2, rounds: int = 5,
+                       steps: int = 24) -> float:
+    """What a step costs the requests decoding in it when another request prefills beside them, beyond the
+    tokens it prefills: vLLM's prefill path (on the CPU backend ~1-2 ms a prefilled request, whatever its
+    length; `results/bench/block-waits/step-diag/`). One request decodes at `context` while a `chunk`-token
+    prompt arrives (two tokens: a prefill whose compute is a decode's, so the grid's T_fwd adds nothing to
+    it): the decoding request's longest gap after the arrival, less its median gap, the median over `rounds`. T_fwd(N) cannot show it (it is measured against a one-token prompt, which pays it too); the
+    simulator charges it per prefilled request (`benchmarks/sim/cost.py`)."""
+    extras = []
+    for r in range(rounds):
+        s = engine.open_session(max_tokens=steps, ignore_eos=True)
+        stamps: list[float] = []
+        arrived: list[float] = []
+
+        async def decode() -> None:
+            ids = [3000 + (r * 7 + j * 13) % 30000 for j in range(context)]
+            async for _ in s.turn(ids):
+                stamps.append(time.perf_counter())
+
+        async def prefill() -> None:
+            while len(stamps) < steps // 2:
+                await asyncio.sleep(0.0005)
+            arrived.append(time.perf_counter())
+            await _ttft(engine, chunk, 1000 + r)
+
+        try:
+            await asyncio.gather(decode(), prefill())
+        finally:
+            await s.close()
+        ts = stamps[1:-1]  # the tokens after the prompt's, without the turn's end
+        gaps = [(b, b - a) for a, b in zip(ts, ts[1:])]
+        after = [g for t, g in gaps if t > arrived[0]][:3]
+        if after:
+            extras.append(max(after) - statistics.median(g for _, g in gaps))
+    return max(0.0, statistics.median(extras)) if extras else float("nan")
 
 
 def measure_swap_bandwidth(block_shape: tuple[int, ...], dtype: Any, blocks: int = 64, repeats: int = 5) -> tuple[float, float]:
@@ -146,6 +185,8 @@ async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: in
             ctx = min(512, max(grid))
             decode[f"batch{batch}_ctx{ctx}_s"] = await decode_step_s(engine, batch, ctx)
             print(f"decode step, batch {batch} at context {ctx}: {decode[f'batch{batch}_ctx{ctx}_s'] * 1000:.1f} ms", flush=True)
+        chunk = await chunk_step_s(engine, context=min(512, max(grid)))
+        print(f"prefill beside a decode: {chunk * 1000:.2f} ms more for the step", flush=True)
         model_path = engine.model_path or model
     finally:
         await engine.shutdown()
@@ -172,7 +213,7 @@ async def run_profile(model: str, dtype: str, grid: tuple[int, ...], repeats: in
         swap_out_bytes_per_s=out_bw,
         swap_in_bytes_per_s=in_bw,
         source=f"measured by infercept profile on {time.strftime('%Y-%m-%d', time.gmtime())}",
-        extra={"decode": decode, "per_request_overhead_s": base, "dtype": dtype, "repeats": repeats},
+        extra={"decode": decode, "per_request_overhead_s": base, "chunk_step_s": chunk, "dtype": dtype, "repeats": repeats},
     )
     print(f"saturation point S = {prof.saturation_tokens} tokens")
     if out is not None:

@@ -122,3 +122,18 @@ async def test_new_requests_waiting_for_a_slot_are_metered(policy_engine: Interc
     assert after.wait_s["slots"] > waited0, (before, after)
     assert set(after.wait_s) == {"slots", "budget", "blocks", "behind_resumed"}
     await wait_all_free(engine)
+
+
+@pytest.mark.policies("preserve")
+async def test_the_profilers_prefill_beside_a_decode_measures_a_step_and_leaves_the_engine_empty(policy_engine: InterceptEngine) -> None:
+    # `infercept profile`'s `extra.chunk_step_s`, which the simulator charges per prefilled request: it needs
+    # the decoding request's tokens one by one and a prompt arriving while it decodes. Its value is this
+    # machine's; what must hold is that it is a measured, finite time and that both sessions are gone.
+    import math
+
+    from engine_adapter.profiler import chunk_step_s
+
+    extra = await chunk_step_s(policy_engine, context=64, rounds=2, steps=12)
+    assert math.isfinite(extra) and 0.0 <= extra < 1.0
+    counts = await wait_all_free(policy_engine)
+    assert counts.free == counts.total, counts
