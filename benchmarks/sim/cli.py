@@ -62,6 +62,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--window-share", type=float, default=None,
                    help="--validate, --like, --sensitivity --cost-from: share of a step's time that swap copies hide behind (default: "
                         "the bench's measured swap_overlap; 1.0 where it did not record it)")
+    p.add_argument("--chunk-step-ms", type=float, default=None,
+                   help="--validate, --like, --sensitivity --cost-from: a step's fixed cost per request it prefills (a prompt, "
+                        "a chunk, a resumed turn's new tokens), in ms (default: the profile's extra.chunk_step_s, else 0)")
     p.add_argument("--fit-on", default="unlimited-kv",
                    help="--validate, --like, --sensitivity --cost-from: the policy the host time is fitted on (default the bound, which never "
                         "recomputes; 'none': 0)")
@@ -115,7 +118,8 @@ def _cost_args(args: argparse.Namespace) -> dict[str, Any]:
             "host_per_request_s": None if args.host_overhead_us is None else args.host_overhead_us * 1e-6,
             "fit_on": None if args.fit_on == "none" else args.fit_on, "decode_grid": args.decode_grid,
             "fit_recompute_on": args.fit_recompute_on, "cache_cliff": args.cache_cliff,
-            "window_share": args.window_share}
+            "window_share": args.window_share,
+            "chunk_step_s": None if args.chunk_step_ms is None else args.chunk_step_ms * 1e-3}
 
 
 def _command() -> str:

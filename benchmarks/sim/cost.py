@@ -5,8 +5,9 @@ Two models, chosen by what the profile carries:
 * `MeasuredCost` (profiles written by `infercept profile`, e.g. the CPU ones): the T_fwd grid as the
   profile's own interpolation gives it (`Profile.t_fwd_s` of an unrefined copy), plus what the
   profile's decode steps (`extra.decode`: B requests decoding at context C took D(B, C)) measured
-  beyond it: per scheduled request, and per token of earlier context it attends to (the grid is a lone
-  prompt, with no earlier context), interpolated in B between the measured batch sizes. A decode step
+  beyond it: for the scheduled requests (the step's total, interpolated in B between the measured batch
+  sizes), and per token of earlier context they attend to (the grid is a lone prompt, with no earlier
+  context). A decode step
   at a measured batch size and context thus takes exactly the measured D, and a lone prompt of n
   tokens T_fwd(n) more than a one-token step: the profiler's own definition of T_fwd (time to first
   token of n tokens less that of one token).
@@ -54,6 +55,7 @@ class StepLoad:
     context: int  # sum over those requests of the tokens already in their KV (read by attention)
     pairs: int  # (query, key) pairs attention computes: sum of q * c + q * (q + 1) / 2
     cross: int = 0  # of those, chunks' pairs with earlier context: sum of q * c over requests with q > 1
+    chunks: int = 0  # requests with more than one query token (prompts, chunks of them, recomputes)
 
 
 class StepCost(Protocol):
@@ -185,12 +187,19 @@ class MeasuredCost:
     only, so `phi` is not in it: the profile's `extra.decode_context_share` if set, else the caller's."""
 
     def __init__(self, profile: Profile, context_share: float | Mapping[int, float] | None = None, pair_s: float | None = None,
-                 spill: KVSpill | None = None) -> None:
+                 spill: KVSpill | None = None, chunk_s: float | None = None) -> None:
         self.profile = pristine(profile)
         # A chunk of a prompt (chunked prefill, a recompute after a discard) attends to the context
         # before it too, which a lone prompt of the grid never does: its (query, earlier key) pairs cost
         # the grid's own quadratic term (`attention_pair_s`) unless given.
         self.pair_s = attention_pair_s(self.profile) if pair_s is None else float(pair_s)
+        # A step pays a fixed cost per request it prefills (a prompt, a chunk of one, a resumed turn's
+        # new tokens, a recompute): vLLM's prefill path. The grid hides it (T_fwd(n) is measured against
+        # a one-token prompt, which pays it too) and the front end's share absorbs it (`SimBench.frontend`).
+        chunk = self.profile.extra.get("chunk_step_s", 0.0) if chunk_s is None else chunk_s
+        if not 0.0 <= float(chunk) < 1.0:
+            raise ValueError(f"chunk step cost {chunk} s: a fixed cost per prefilled request, in [0, 1) s")
+        self.chunk_s = float(chunk)
         phi = context_share if context_share is not None else self.profile.extra.get("decode_context_share", 0.0)
         # One share for every batch size, or one per measured batch size (`context_shares`).
         shares = {int(b): float(x) for b, x in phi.items()} if isinstance(phi, Mapping) else {}
@@ -198,19 +207,26 @@ class MeasuredCost:
         if not all(0.0 <= x <= 1.0 for x in [default, *shares.values()]):
             raise ValueError("decode context share must be within [0, 1]")
         self.context_share: float | dict[int, float] = shares or default
-        points: list[tuple[int, float, float]] = []
+        # Per measured batch size B: the excess split into its request part (1 - phi) e(B) and its context
+        # part phi e(B), both as totals for the step, interpolated in B. Not per request or per token: e(B) / B
+        # falls steeply from B = 1 (the step's fixed cost), and interpolating it made a step of 3 requests
+        # cost more than one of 8 (6.8 against 4.1 ms on the bench profile,
+        # `results/bench/block-waits/step-diag/`).
+        points: list[tuple[int, float, float, int]] = []
         for batch, ctx, seconds in profile_decode_steps(self.profile):
             excess = max(0.0, seconds - self.profile.t_fwd_s(batch))
             share = shares.get(batch, default)
-            points.append((batch, (1 - share) * excess / batch, share * excess / (batch * ctx)))
+            points.append((batch, (1 - share) * excess, share * excess, ctx))
         points.sort()
-        self._batches = [b for b, _, _ in points]
-        self._per_request = [r for _, r, _ in points]
-        self._per_context = [k for _, _, k in points]
+        self._batches = [b for b, *_ in points]
+        self._request_part = [r for _, r, _, _ in points]
+        self._context_part = [k for _, _, k, _ in points]
+        self._context = [float(c) for *_, c in points]
         own = self.profile.extra.get("decode_spill")
         self.spill = spill if spill is not None else (KVSpill.from_dict(own) if own else None)
 
     def _interp(self, ys: list[float], requests: int) -> float:
+        """Piecewise linear in B between the measured batch sizes, held outside them."""
         bs = self._batches
         if not bs:
             return 0.0
@@ -222,18 +238,30 @@ class MeasuredCost:
         b0, b1 = bs[i - 1], bs[i]
         return ys[i - 1] + (ys[i] - ys[i - 1]) * (requests - b0) / (b1 - b0)
 
-    def per_request_s(self, requests: int) -> float:
-        return self._interp(self._per_request, requests)
+    def request_part_s(self, requests: int) -> float:
+        """The step's cost for its B requests beyond the grid and their context: the measured totals
+        interpolated in B; beyond the largest measured batch, that batch's cost per request times B."""
+        bs = self._batches
+        if bs and requests > bs[-1]:
+            return self._request_part[-1] * requests / bs[-1]
+        return self._interp(self._request_part, requests)
 
     def per_context_token_s(self, requests: int) -> float:
-        return self._interp(self._per_context, requests)
+        """Per token of context the step's B requests attend to: the context part interpolated in B as a
+        total over the measured context (B C), so B requests at that context pay exactly it; held beyond
+        the measured batch sizes."""
+        bs = self._batches
+        if not bs:
+            return 0.0
+        b = min(max(requests, bs[0]), bs[-1])
+        return self._interp(self._context_part, b) / (b * self._interp(self._context, b))
 
     def forward_s(self, load: StepLoad) -> float:
         if load.tokens <= 0:
             return 0.0
         b = load.requests
-        t = (self.profile.t_fwd_s(load.tokens) + b * self.per_request_s(b) + load.context * self.per_context_token_s(b)
-             + load.cross * self.pair_s)
+        t = (self.profile.t_fwd_s(load.tokens) + self.request_part_s(b) + load.context * self.per_context_token_s(b)
+             + load.cross * self.pair_s + load.chunks * self.chunk_s)
         return t + self.spill.extra_s(load.context * self.profile.kv_bytes_per_token) if self.spill else t
 
 
@@ -345,9 +373,9 @@ class RooflineCost:
 
 
 def make_cost(profile: Profile, context_share: float | Mapping[int, float] | None = None, pair_s: float | None = None,
-              spill: KVSpill | None = None) -> StepCost:
+              spill: KVSpill | None = None, chunk_s: float | None = None) -> StepCost:
     roof = profile.extra.get("roofline")
-    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share, pair_s, spill)
+    return RooflineCost(Roofline.from_dict(roof)) if roof else MeasuredCost(profile, context_share, pair_s, spill, chunk_s)
 
 
 def read_decode_grid(path: str | Path) -> list[tuple[int, int, float]]:

@@ -219,7 +219,7 @@ class SimScheduler:
         self._scan_stop = None
         out = Scheduled()
         budget = self.max_num_scheduled_tokens
-        tokens = reqs = ctx = pairs = cross = 0
+        tokens = reqs = ctx = pairs = cross = chunks = 0
         i = 0
         running = self.running
         while i < len(running) and budget > 0:
@@ -243,12 +243,14 @@ class SimScheduler:
             c = r.num_computed
             tokens, reqs, ctx, pairs = tokens + n, reqs + 1, ctx + c, pairs + n * c + n * (n + 1) // 2
             cross += n * c if n > 1 else 0
+            chunks += n > 1
             budget -= n
             i += 1
         if not out.preempted:
             budget, extra = self._schedule_waiting(out, budget)
             tokens, reqs, ctx, pairs = tokens + extra[0], reqs + extra[1], ctx + extra[2], pairs + extra[3]
             cross += extra[4]
+            chunks += extra[5]
         for r, n in out.tokens.items():
             r.num_computed += n
             if r.num_computed < r.num_tokens:
@@ -257,7 +259,7 @@ class SimScheduler:
                 self.inflight.discard(r)
             if self.pool.prefix_caching:
                 self._register(r)
-        out.load = StepLoad(tokens, reqs, ctx, pairs, cross)
+        out.load = StepLoad(tokens, reqs, ctx, pairs, cross, chunks)
         return out
 
     def meter_admission(self, meter: AdmissionMeter, now: float, out: Scheduled) -> tuple[int, str | None, int]:
@@ -267,7 +269,7 @@ class SimScheduler:
                               stop=lambda: self._scan_stop.rid if self._scan_stop is not None else None)
 
     def _schedule_waiting(self, out: Scheduled, budget: int) -> tuple[int, tuple[int, int, int, int, int]]:
-        tokens = reqs = ctx = pairs = cross = 0
+        tokens = reqs = ctx = pairs = cross = chunks = 0
         limits = self._limits()
         skipped = 0  # held-back swap-ins at the head of the waiting queue (vLLM skips them)
         swap = self.core is not None and self.core.swap is not None
@@ -332,8 +334,9 @@ class SimScheduler:
             out.tokens[r] = n
             tokens, reqs, ctx, pairs = tokens + n, reqs + 1, ctx + computed, pairs + n * computed + n * (n + 1) // 2
             cross += n * computed if n > 1 else 0
+            chunks += n > 1
             budget -= n
-        return budget, (tokens, reqs, ctx, pairs, cross)
+        return budget, (tokens, reqs, ctx, pairs, cross, chunks)
 
     def _reserved(self) -> int:
         """Blocks the in-flight prefills still need to hold their whole context."""

@@ -73,6 +73,7 @@ class SimBench:
     window_share: float = 1.0  # share of a step's time that copies hide behind (see SimEngine)
     step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
     spill: KVSpill | None = None  # MeasuredCost's cache cliff (None: the profile's `extra.decode_spill`, if any)
+    chunk_step_s: float | None = None  # MeasuredCost's cost per prefilled request (None: the profile's `extra.chunk_step_s`, or 0)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
     # Watchers of every engine this setting builds (experiments read its core and ledger, or add the core's
     # own `observers`); the simulation never reads what they do.
@@ -96,8 +97,16 @@ class SimBench:
         step1 = next((v for k, v in (self.profile.extra.get("decode") or {}).items() if str(k).startswith("batch1_")), None)
         if not ttft1 or step1 is None:
             return (0.0, 0.0)
-        rest = max(0.0, float(ttft1) - float(step1))
+        # The one-token prompt's step paid the prefill path's cost too, which the simulated step charges.
+        rest = max(0.0, float(ttft1) - float(step1) - self.chunk_s())
         return (rest / 2, rest / 2)
+
+    def chunk_s(self) -> float:
+        """The step cost per prefilled request the measured cost model charges (0 for a roofline profile)."""
+        if self.profile.extra.get("roofline"):
+            return 0.0
+        given = self.chunk_step_s if self.chunk_step_s is not None else self.profile.extra.get("chunk_step_s", 0.0)
+        return float(given)
 
     def budget(self, label: str | None = None) -> int:
         """A policy's token budget (None: the default one, which the runner's SLO engine gets)."""
@@ -136,7 +145,7 @@ class SimBench:
             return build_core(core_cfg, port, model=self.profile.model, device=self.profile.device,
                               block_size=cfg.block_size, kv_bytes_per_token=m, host_slots=host_slots)  # type: ignore[arg-type]
 
-        eng = SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill), oracle=v.oracle,
+        eng = SimEngine(sched, factory, make_cost(self.profile, self.context_share, self.pair_s, self.spill, self.chunk_step_s), oracle=v.oracle,
                         check_every=check_every, frontend_s=self.frontend(),
                         host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s,
                         window_share=self.window_share)

@@ -73,7 +73,7 @@ def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
 def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, host_per_request_s: float = 0.0,
               step_overhead_s: float = 0.0, spill: KVSpill | None = None, pair_scale: float = 1.0,
-              window_share: float = 1.0) -> SimBench:
+              window_share: float = 1.0, chunk_step_s: float | None = None) -> SimBench:
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
@@ -83,7 +83,8 @@ def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context
     pair_s = None if pair_scale == 1.0 else pair_scale * attention_pair_s(pristine(profile))
     return SimBench(setting, profile, token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
-                    step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s, window_share=window_share)
+                    step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s, window_share=window_share,
+                    chunk_step_s=chunk_step_s)
 
 
 def measured_window_share(bj: Mapping[str, Any]) -> float | None:
@@ -100,7 +101,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = DEFAULT_FIT_ON,
              decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
-             window_share: float | None = None, verbose: bool = True) -> dict[str, Any]:
+             window_share: float | None = None, chunk_step_s: float | None = None, verbose: bool = True) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose median latencies are closest to the measured ones, `_fit_grid`);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
@@ -120,7 +121,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     cost = fit_cost(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                     host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, fit_on=fit_on,
                     decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
-                    window_share=window_share)
+                    window_share=window_share, chunk_step_s=chunk_step_s)
     kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
     v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, **kw)
     v["bench"] = str(bench_path)
@@ -161,7 +162,8 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None,
              fit_on: str | None = DEFAULT_FIT_ON, decode_grid: str | Path | None = None, cache_cliff: bool = False,
-             fit_recompute_on: str | None = None, window_share: float | None = None) -> FittedCost:
+             fit_recompute_on: str | None = None, window_share: float | None = None,
+             chunk_step_s: float | None = None) -> FittedCost:
     """The cost constants the bench's machine had (see `validate`), each given or fitted on the bench.
     `window_share`: given, or the bench's measured one (`measured_window_share`); 1.0 (copies hide
     behind the whole step) where the bench did not record it, said so in `window_share_source`."""
@@ -191,10 +193,11 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
     step = None
     if step_overhead_s is None:
         step = _fit_step_overhead(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
-                                  spill=spill, window_share=window_share)
+                                  spill=spill, window_share=window_share, chunk_step_s=chunk_step_s)
         step_overhead_s = step["step_overhead_s"]
     kw: dict[str, Any] = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
-                          "step_overhead_s": step_overhead_s, "spill": spill, "window_share": window_share}
+                          "step_overhead_s": step_overhead_s, "spill": spill, "window_share": window_share,
+                          "chunk_step_s": chunk_step_s}
     fit = None
     if host_per_request_s is None:
         if fit_on is None:
@@ -264,14 +267,15 @@ def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float
 def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_request_s: float, verbose: bool,
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
-              spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0) -> dict[str, Any]:
+              spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0,
+              chunk_step_s: float | None = None) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
     seeds = [int(x) for x in bj["seeds"]]
     sb = sim_bench(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                    host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill,
-                   pair_scale=pair_scale, window_share=window_share)
+                   pair_scale=pair_scale, window_share=window_share, chunk_step_s=chunk_step_s)
     # The runner draws ShareGPT prompts (tokenized by the model's tokenizer) for these workloads when
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
@@ -323,7 +327,9 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
         "cost_model": {"decode_context_share": getattr(sb.engine(labels[0]).cost, "context_share", None),
                        "attention_pair_s": getattr(sb.engine(labels[0]).cost, "pair_s", None),
                        "frontend_in_out_s": list(sb.frontend()), "host_per_request_s": sb.host_per_request_s,
-                       "step_overhead_s": sb.step_overhead_s},
+                       "step_overhead_s": sb.step_overhead_s, "chunk_step_s": sb.chunk_s(),
+                       "chunk_step_source": "given" if chunk_step_s is not None else
+                       ("the profile's extra.chunk_step_s" if "chunk_step_s" in sb.profile.extra else "not in the profile: 0")},
         "seeds": seeds, "rates": res["rates"], "token_budget": res["token_budget"],
         "setting": {k: res["setting"][k] for k in ("kv_tokens", "unlimited_kv_tokens", "block_size", "max_num_seqs",
                                                     "swap_space_gib", "swap_link_gbps", "time_scale", "drain_s")},
@@ -368,7 +374,8 @@ def print_validation(v: Mapping[str, Any]) -> None:
           f"{', '.join(f'{x * 1000:.1f} ms' for x in cm['frontend_in_out_s'])}, host time per held request per step "
           f"{cm['host_per_request_s'] * 1e6:.0f} us ({how}), step overhead {cm['step_overhead_s'] * 1e3:.2f} ms "
           f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair, "
-          f"copies hide behind {cm.get('window_share', 1.0):.2f} of a step ({cm.get('window_share_source', 'given')})")
+          f"copies hide behind {cm.get('window_share', 1.0):.2f} of a step ({cm.get('window_share_source', 'given')}), "
+          f"{cm.get('chunk_step_s', 0.0) * 1e3:.2f} ms per prefilled request ({cm.get('chunk_step_source', 'not in the profile: 0')})")
     sp = cm.get("decode_spill")
     if sp:
         print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "

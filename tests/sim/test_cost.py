@@ -28,8 +28,13 @@ def test_measured_cost_reproduces_the_profile(phi: float) -> None:
         assert c.forward_s(StepLoad(n, 1, 0, n * (n + 1) // 2)) == pytest.approx(t + (1 - phi) * one)
     for b, t in ((1, 0.0046), (8, 0.0062), (32, 0.0153)):  # B requests decoding at context 512
         assert c.forward_s(StepLoad(b, b, b * 512, b * 512)) == pytest.approx(t)
-    # Between and beyond the measured batch sizes: interpolated, then held.
-    assert c.forward_s(StepLoad(16, 16, 16 * 512, 0)) > c.forward_s(StepLoad(8, 8, 8 * 512, 0))
+    # Between the measured batch sizes the step lies between its neighbours' (the steps' totals are
+    # interpolated, not their cost per request, which falls steeply from B = 1); beyond the largest,
+    # its cost per request holds.
+    at = {b: c.forward_s(StepLoad(b, b, b * 512, b * 512)) for b in range(1, 65)}
+    assert all(at[b] < at[b + 1] for b in range(1, 64))
+    assert at[3] == pytest.approx(0.0046 + (0.0062 - 0.0046) * 2 / 7)  # T_fwd(B) is 0 below the grid's 64
+    assert at[64] - CPU.t_fwd_s(64) == pytest.approx(2 * (0.0153 - CPU.t_fwd_s(32)))
     grows = c.forward_s(StepLoad(8, 8, 8 * 2048, 0)) - c.forward_s(StepLoad(8, 8, 8 * 512, 0))
     assert grows == pytest.approx(phi * (0.0062 - 0.003) / (8 * 512) * 8 * 1536)
 
@@ -136,3 +141,25 @@ def test_the_committed_decode_grid_reads() -> None:
 
     rows = read_decode_grid(Path(__file__).resolve().parents[2] / "results" / "sim" / "decode_context" / "decode.json")
     assert len(rows) >= 50 and all(b > 0 and c > 0 and t > 0 for b, c, t in rows)
+
+
+def test_a_step_pays_the_prefill_paths_cost_per_prefilled_request_which_the_front_end_then_does_not(tmp_path) -> None:
+    import dataclasses
+
+    from infercept.benchmarks.sim.setup import SimBench
+    from tests.sim.helpers import toy_bench
+
+    prof = dataclasses.replace(CPU, extra={**CPU.extra, "per_request_overhead_s": 0.0096, "chunk_step_s": 0.002})
+    c, given, plain = MeasuredCost(prof), MeasuredCost(prof, chunk_s=0.0005), MeasuredCost(CPU)
+    decode, mixed = StepLoad(8, 8, 8 * 512, 8 * 512), StepLoad(40, 8, 8 * 512, 8 * 512 + 2 * 16 * 512, 2 * 16 * 512, chunks=2)
+    assert c.forward_s(decode) == pytest.approx(plain.forward_s(decode))  # decodes alone: the profile's own steps
+    assert c.forward_s(mixed) - plain.forward_s(mixed) == pytest.approx(2 * 0.002)
+    assert given.forward_s(mixed) - plain.forward_s(mixed) == pytest.approx(2 * 0.0005)
+    with pytest.raises(ValueError, match="chunk step cost"):
+        MeasuredCost(prof, chunk_s=-0.001)
+    # The profiler's one-token prompt (9.6 ms) beyond a one-token step (4.6 ms) paid it too: the front end
+    # gets the rest, so an idle engine's time to first token is unchanged.
+    sb: SimBench = toy_bench(tmp_path, profile=prof)
+    assert sb.chunk_s() == 0.002
+    assert sb.frontend() == pytest.approx((0.0015, 0.0015))
+    assert dataclasses.replace(sb, chunk_step_s=0.0, workdir=tmp_path / "b").frontend() == pytest.approx((0.0025, 0.0025))
