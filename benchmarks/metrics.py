@@ -318,6 +318,7 @@ def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
             "goodput_rps": _median([goodput_rps(r, slo_s) for r in at_slo]),
             "steady_at_slo_rate": [bool((r.get("steady_state") or {}).get("steady")) for r in at_slo],
             "unfinished_at_slo_rate": sum(r["requests"] - r["completed"] - r["failed"] for r in at_slo),
+            "ttft_p99_pooled_by_rate": pooled_ttft_p99(by_seed),
         }
     for label, h in per.items():
         for ref in [*RATIO_REFS, *(x for x in per if x not in RATIO_REFS)]:
@@ -332,6 +333,26 @@ def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
             h[f"per_seed_ratio_vs_{key}"] = {sd: (knees[label][sd] / knees[ref][sd] if knees[ref][sd] else None) for sd in seeds}
             h[f"ratio_ci_vs_{key}"] = bootstrap_ratio_ci([knees[label][sd] for sd in seeds], [knees[ref][sd] for sd in seeds])
     return per
+
+
+def pooled_ttft_p99(by_seed: Mapping[Any, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """At each rate every seed ran: the p99 time to first token of the new requests of all seeds together
+    (`ttft_samples_s`), beside the per-point p99 the first-token rule judges. A 30 s point's p99 is its
+    second-largest of ~120 values and moves by half a second between runs of one seed (docs/results.md,
+    "Session 12"); pooled, it rests on every seed's tail. Rates where a seed's point kept no samples (runs
+    before 90a6474) are left out."""
+    seeds = list(by_seed.values())
+    if not seeds:
+        return {}
+    out: dict[str, dict[str, Any]] = {}
+    common = set.intersection(*(set(by_rate) for by_rate in seeds))
+    for rate in sorted(common, key=float):
+        samples = [r[rate].get("ttft_samples_s") for r in seeds]
+        if any(x is None for x in samples):
+            continue
+        pooled = [x for xs in samples for x in xs]  # type: ignore[union-attr]
+        out[rate] = {"p99_s": pct(pooled, 0.99), "samples": len(pooled), "seeds": len(seeds)}
+    return out
 
 
 def _median(xs: Iterable[float | None]) -> float | None:

@@ -77,6 +77,11 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
               "`+`: no rate tried failed (the knee is at least this). Ratios: median vs median over seeds, "
               "[paired bootstrap over seeds]. TTFT, resume, JCT, goodput and waste at each policy's knee, median over seeds.",
               f"Bound violations: {', '.join(result.get('bound_violations') or []) or 'none'}."]
+    pooled = [(label, head[label].get("ttft_p99_pooled_by_rate") or {}) for label in labels if label in head]
+    if any(by_rate for _, by_rate in pooled):
+        lines += ["", "New requests' TTFT p99 pooled over the seeds, at each rate every seed ran (samples in brackets):"]
+        lines += [f"- `{label}`: " + ", ".join(f"{float(r):g} req/s {_ms_or_s(v['p99_s'])} ({v['samples']})" for r, v in by_rate.items())
+                  for label, by_rate in pooled if by_rate]
     steady = result.get("steady_state") or {}
     if steady.get("runs_at_knee"):
         lines.append(f"Steady runs at the knees: {steady['steady_runs_at_knee']} of {steady['runs_at_knee']}.")

@@ -104,6 +104,28 @@ def test_bootstrap_interval_brackets_the_median_ratio() -> None:
     assert bootstrap_ratio_ci([1.0, 2.0], [1.0]) is None  # unpaired
 
 
+def test_the_headline_pools_each_rates_first_token_samples_over_the_seeds_that_ran_it() -> None:
+    from infercept.benchmarks.metrics import pooled_ttft_p99
+
+    # Seed 1's tail is two slow requests in 100, seed 2's none: per point their p99s are 10 s and 0.1 s;
+    # pooled over 200 values, the p99 falls between the 198th (0.1 s) and the 199th (10 s).
+    one = [0.1] * 98 + [10.0, 10.0]
+    per = {1: {"4": run(4, 0.01, ttft_samples_s=sorted(one)), "6": run(6, 0.01)},
+           2: {"4": run(4, 0.01, ttft_samples_s=[0.1] * 100), "8": run(8, 0.01, ttft_samples_s=[0.2])}}
+    pooled = pooled_ttft_p99(per)
+    assert list(pooled) == ["4"]  # 6 and 8 req/s: not every seed ran them
+    assert pooled["4"]["samples"] == 200 and pooled["4"]["seeds"] == 2
+    assert pooled["4"]["p99_s"] == pytest.approx(0.1 + (10.0 - 0.1) * 0.01)
+    from infercept.benchmarks.report import markdown_table
+
+    head = headline({"infercept": per}, slo_s=0.05)
+    table = markdown_table({"headline": head, "policies": ["infercept"], "slo": {"slo_normalized_latency_s": 0.05}})
+    assert "- `infercept`: 4 req/s 199 ms (200)" in table.splitlines()
+    del per[1]["4"]["ttft_samples_s"]  # a point from before the samples were kept: no pooled value
+    assert pooled_ttft_p99(per) == {}
+    assert headline({"infercept": per}, slo_s=0.05)["infercept"]["ttft_p99_pooled_by_rate"] == {}
+
+
 def test_headline_over_seeds_ratios_and_the_bound() -> None:
     def runs(*pts: tuple[float, float]) -> dict:
         return {f"{r:g}": run(r, m) for r, m in pts}
