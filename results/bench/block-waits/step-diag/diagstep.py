@@ -5,7 +5,7 @@ import os
 from collections import Counter
 
 
-def line(core, now, running_blocks, running, waiting_new, reason, sched_tokens, free, loads_admitted):
+def line(core, now, running_blocks, running, waiting_new, reason, sched_tokens, free, loads_admitted, extra=None):
     st, bl = Counter(), Counter()
     for e in core.entries.values():
         st[e.state.name] += 1
@@ -15,4 +15,4 @@ def line(core, now, running_blocks, running, waiting_new, reason, sched_tokens, 
             pass
     with open(os.environ["IC_DIAG"], "a") as f:
         f.write(json.dumps(dict(t=now, tok=sched_tokens, free=free, run=running, run_blocks=running_blocks,
-                                wn=waiting_new, why=reason, adm_loads=loads_admitted, st=st, bl=bl)) + "\n")
+                                wn=waiting_new, why=reason, adm_loads=loads_admitted, st=st, bl=bl, **(extra or {}))) + "\n")
