@@ -71,22 +71,30 @@ async def chunk_step_s(engine: InterceptEngine, context: int = 512, chunk: int =
     tokens it prefills: vLLM's prefill path (on the CPU backend ~1-2 ms a prefilled request, whatever its
     length; `results/bench/block-waits/step-diag/`). One request decodes at `context` while a `chunk`-token
     prompt arrives (two tokens: a prefill whose compute is a decode's, so the grid's T_fwd adds nothing to
-    it): the decoding request's longest gap after the arrival, less its median gap, the median over `rounds`. T_fwd(N) cannot show it (it is measured against a one-token prompt, which pays it too); the
+    it): the decoding request's longest gap after the arrival, less its median gap, the median over
+    `rounds`. T_fwd(N) cannot show it (it is measured against a one-token prompt, which pays it too); the
     simulator charges it per prefilled request (`benchmarks/sim/cost.py`)."""
     extras = []
     for r in range(rounds):
         s = engine.open_session(max_tokens=steps, ignore_eos=True)
         stamps: list[float] = []
         arrived: list[float] = []
+        half = asyncio.Event()  # set halfway through the decode, or when it ends short of that
 
         async def decode() -> None:
             ids = [3000 + (r * 7 + j * 13) % 30000 for j in range(context)]
-            async for _ in s.turn(ids):
-                stamps.append(time.perf_counter())
+            try:
+                async for _ in s.turn(ids):
+                    stamps.append(time.perf_counter())
+                    if len(stamps) == steps // 2:
+                        half.set()
+            finally:
+                half.set()
 
         async def prefill() -> None:
-            while len(stamps) < steps // 2:
-                await asyncio.sleep(0.0005)
+            await half.wait()
+            if len(stamps) < steps // 2:
+                return  # the decode ended early (its error is gather's): nothing to measure beside
             arrived.append(time.perf_counter())
             await _ttft(engine, chunk, 1000 + r)
 
@@ -96,7 +104,7 @@ async def chunk_step_s(engine: InterceptEngine, context: int = 512, chunk: int =
             await s.close()
         ts = stamps[1:-1]  # the tokens after the prompt's, without the turn's end
         gaps = [(b, b - a) for a, b in zip(ts, ts[1:])]
-        after = [g for t, g in gaps if t > arrived[0]][:3]
+        after = [g for t, g in gaps if t > arrived[0]][:3] if arrived else []
         if after:
             extras.append(max(after) - statistics.median(g for _, g in gaps))
     return max(0.0, statistics.median(extras)) if extras else float("nan")

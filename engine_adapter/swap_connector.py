@@ -165,8 +165,8 @@ class InterceptSwapConnector(KVConnectorBase_V1):
     @functools.cached_property
     def host_slots(self) -> int:
         # Computed once: it is read every step (`build_connector_meta`), and vLLM's page size makes a
-        # tensor per call (`get_dtype_size`): 0.27 ms a step on the CPU engine, 4% of its wall time
-        # under `infercept` at 4 req/s (py-spy, docs/results.md "Session 13").
+        # tensor per call (`get_dtype_size`): it was 0.43 ms of every step's schedule() on the CPU
+        # engine under `infercept` at 4 req/s (timed step log and py-spy, docs/results.md "Session 13").
         assert self._kv_cfg is not None
         return max(0, self.swap_space_bytes // max(1, kv_block_bytes(self._kv_cfg)))
 

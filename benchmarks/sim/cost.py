@@ -137,6 +137,16 @@ def context_shares(rows: Sequence[tuple[int, int, float]], profile: Profile, bel
     return out
 
 
+def prefill_step_s(profile: Profile, given: float | None = None) -> float:
+    """The measured cost model's fixed step cost per prefilled request: `given`, else the profile's
+    `extra.chunk_step_s` (`infercept profile` measures it), else 0. `MeasuredCost` charges it and
+    `SimBench.frontend` takes it out of the front end's share."""
+    chunk = profile.extra.get("chunk_step_s", 0.0) if given is None else given
+    if not 0.0 <= float(chunk) < 1.0:
+        raise ValueError(f"chunk step cost {chunk} s: a fixed cost per prefilled request, in [0, 1) s")
+    return float(chunk)
+
+
 def profile_decode_steps(profile: Profile) -> list[tuple[int, int, float]]:
     """The profile's measured decode steps `(batch, context, seconds)` (`extra.decode`, keys `batchB_ctxC_s`)."""
     steps = []
@@ -196,10 +206,7 @@ class MeasuredCost:
         # A step pays a fixed cost per request it prefills (a prompt, a chunk of one, a resumed turn's
         # new tokens, a recompute): vLLM's prefill path. The grid hides it (T_fwd(n) is measured against
         # a one-token prompt, which pays it too) and the front end's share absorbs it (`SimBench.frontend`).
-        chunk = self.profile.extra.get("chunk_step_s", 0.0) if chunk_s is None else chunk_s
-        if not 0.0 <= float(chunk) < 1.0:
-            raise ValueError(f"chunk step cost {chunk} s: a fixed cost per prefilled request, in [0, 1) s")
-        self.chunk_s = float(chunk)
+        self.chunk_s = prefill_step_s(self.profile, chunk_s)
         phi = context_share if context_share is not None else self.profile.extra.get("decode_context_share", 0.0)
         # One share for every batch size, or one per measured batch size (`context_shares`).
         shares = {int(b): float(x) for b, x in phi.items()} if isinstance(phi, Mapping) else {}

@@ -16,7 +16,7 @@ from typing import Any
 
 from infercept.benchmarks.replay import VARIANTS, Setting, Variant
 from infercept.benchmarks.replay import variant as bench_variant
-from infercept.benchmarks.sim.cost import KVSpill, make_cost
+from infercept.benchmarks.sim.cost import KVSpill, make_cost, prefill_step_s
 from infercept.benchmarks.sim.engine import SimEngine
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.scheduler import SimScheduler
@@ -102,11 +102,9 @@ class SimBench:
         return (rest / 2, rest / 2)
 
     def chunk_s(self) -> float:
-        """The step cost per prefilled request the measured cost model charges (0 for a roofline profile)."""
-        if self.profile.extra.get("roofline"):
-            return 0.0
-        given = self.chunk_step_s if self.chunk_step_s is not None else self.profile.extra.get("chunk_step_s", 0.0)
-        return float(given)
+        """The step cost per prefilled request the measured cost model charges (0 for a roofline profile,
+        whose model does not charge it)."""
+        return 0.0 if self.profile.extra.get("roofline") else prefill_step_s(self.profile, self.chunk_step_s)
 
     def budget(self, label: str | None = None) -> int:
         """A policy's token budget (None: the default one, which the runner's SLO engine gets)."""
