@@ -535,7 +535,12 @@ class InterceptCore:
         # decisions' step time is the same step's, so that their wait for the budget is in its units.
         batch = max(1, view.get().step_tokens) if self.spec.swap_budget_from_step else sw.last_batch_tokens
         self._budget_batch = batch
-        budget = sw.budgets(want_out, want_in, self.kv.num_free_blocks(), reserved_out_tokens=inflight, batch_tokens=batch)
+        # The device room swap-ins need: free blocks, and the blocks loads under way copy into (vLLM gave them
+        # those at admission). Counting only the free ones stalled such loads at one block a step whenever
+        # memory was short, holding their blocks idle for as many steps.
+        room = self.kv.num_free_blocks() + sum(e.host.blocks_to_load for e in self.entries.values()
+                                               if e.host is not None and e.state is KvState.LOADING)
+        budget = sw.budgets(want_out, want_in, room, reserved_out_tokens=inflight, batch_tokens=batch)
         if candidates and self.spec.decide is not None:
             free_after = self.kv.num_free_blocks() - view.get().blocks_needed  # once this step has its blocks
             decision = self.spec.decide(DecisionInput(

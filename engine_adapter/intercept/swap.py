@@ -142,7 +142,8 @@ class SwapPlanner:
     # ------------------------------------------------------------------ per step
     def budgets(self, want_out_tokens: int, want_in_tokens: int, device_free_blocks: int,
                 reserved_out_tokens: int = 0, batch_tokens: int | None = None) -> SwapBudget:
-        """This iteration's (out, in) token budgets. `reserved_out_tokens`: what copies under way still
+        """This iteration's (out, in) token budgets. `device_free_blocks`: the room swap-ins may fill (free
+        blocks, and those loads under way already hold). `reserved_out_tokens`: what copies under way still
         have to move, into host slots they reserved already (so not counted again against free ones).
         `batch_tokens`: the batch whose forward pass the copies hide behind (the paper's, and the
         default: the previous iteration's)."""

@@ -98,7 +98,8 @@ def split_swap_budget(
     work to the iteration right away, which is what the paper maximises. Guarantees:
       1. out + in <= N_i
       2. out <= host free + in          (the host buffer must hold what goes out)
-      3. in <= device free + out        (the device must hold what comes in)
+      3. in <= device free + out        (the device must hold what comes in; `device_free_tokens` counts
+                                         the blocks loads under way already hold as free for their copies)
     """
     n = max(0, limit_tokens)
     host, dev = max(0, host_free_tokens), max(0, device_free_tokens)

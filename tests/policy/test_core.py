@@ -452,6 +452,28 @@ def test_a_load_under_way_keeps_its_swap_in_budget_every_step() -> None:
     assert moved == [3, 3] and e.state is KvState.LOADED
 
 
+def test_a_load_under_way_copies_at_the_full_budget_when_no_block_is_free() -> None:
+    """A load copies into the blocks vLLM gave it at admission: a full device (running requests took every
+    free block) must not shrink its swap-in budget to the one-block trickle, which would hold those blocks
+    idle for six steps instead of two."""
+    pool = Pool(blocks=20)
+    core = make("swap", pool, host_slots=32)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)
+    for t in (0.01, 0.02, 0.03):
+        step(core, pool, t)
+    e = core.entries["a"]
+    assert e.state is KvState.SWAPPED and pool.num_free_blocks() == 20
+    core.resume("a", 1.0, 99.0)
+    step(core, pool, 1.01)
+    assert e.state is KvState.LOAD_ARMED
+    pool.alloc("a", 6 * BLOCK)  # vLLM admits the load: its blocks
+    core.load_allocated("a", pool.block_ids("a"), 6 * BLOCK)
+    pool.alloc("running", 14 * BLOCK)  # and the running batch takes every block left
+    assert pool.num_free_blocks() == 0
+    moved = [len(step(core, pool, t).swap_in) for t in (1.02, 1.03)]
+    assert moved == [3, 3] and e.state is KvState.LOADED
+
+
 def pressed(host_slots: int = 32) -> tuple[Pool, InterceptCore]:
     """infercept on a 20-block pool holding two short calls' contexts (kept by min-waste) of 6 blocks:
     8 blocks free; "b" is expected back later, so it goes first. With 1,000 tokens running, recomputing
