@@ -161,6 +161,10 @@ class SimEngine:
         if out.load.tokens == 0 and copy == 0.0:
             return bool(out.preempted)
         seconds = step_s(fwd, copy, self.overlap, window)
+        if not fwd:
+            # A step that only copies: the engine still builds it and runs its workers (vLLM's
+            # `kv_connector_no_forward`), so it pays the step's fixed cost besides the copy.
+            seconds += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
         self.now += seconds
         self.steps += 1
         if out.load.tokens:

@@ -63,8 +63,7 @@ class SimScheduler:
         self.inflight: set[SimRequest] = set()
         self.paused_slots = 0  # vLLM's num_waiting_for_streaming_input
         self.preemptions = 0
-        self._tail = 0  # KV-holding queue positions: appended at the tail, prepended at the head
-        self._head = 0
+        self._tail = 0  # KV-holding queue positions: paused sessions and admitted loads join at the tail
         self._serial = 0
         self._recv_done: list[str] = []
         # The admission meter's view (`InterceptScheduler._ic_meter_admission`): requests scheduled at least
@@ -322,8 +321,11 @@ class SimScheduler:
             r.num_computed = computed
             if load_async:
                 r.status = Status.LOADING
-                self._head -= 1
-                r.queue_pos = self._head  # vLLM puts it at the head of the KV-holding queue
+                # vLLM re-queues the requests its scan skipped ahead of the KV-holding queue, in the order
+                # it visited them; it reaches the plain waiting queue only once every KV-holding request
+                # was visited, so a load it admits there lands behind all of them (loads stay FCFS).
+                self._tail += 1
+                r.queue_pos = self._tail
                 self.loading.add(r)
                 self.inflight.add(r)
                 continue

@@ -111,3 +111,22 @@ def test_the_simulator_and_the_port_move_the_same_requests_ahead() -> None:
     assert VllmPort(s).waiting_ahead(order) == 2
     assert [r.request_id for r in fcfs] == ["n1", "n2", "r", "x"] and isinstance(fcfs, FCFSRequestQueue)
     assert seen[0] == seen[1] == (["r", "n1", "x", "n2"], 30)
+
+
+def test_the_simulator_keeps_the_loads_it_admits_first_come_first_served() -> None:
+    """vLLM's waiting scan reaches the plain waiting queue only once it has visited every KV-holding
+    request, and re-queues what it skipped in the order it visited it: a load it admits lands behind
+    every KV-holding request, so two loads finishing together are promoted oldest first."""
+    pool = BlockPool(64, BS, prefix_caching=False)
+    sched = SimScheduler(pool, max_num_seqs=8, max_model_len=1000, token_budget=300)
+    # The core's KV lookup: every request's context but its last token is on the host, loaded asynchronously.
+    sched.core = SimpleNamespace(swap=object(), load_lookup=lambda rid, computed: (96 - computed, True),
+                                 load_allocated=lambda *args: None)
+    x, y = request("x", 97, [(1, None, 0)]), request("y", 97, [(1, None, 0)])
+    for r in (x, y):
+        sched.add(r)
+        sched.schedule()  # admitted alone in its step: blocks for what it loads, then it waits for its copies
+        assert r.status is Status.LOADING and len(r.blocks) == 6  # the loaded 96 tokens; the 97th at its forward
+    sched.loads_done(["y", "x"])
+    sched._promote_loaded()
+    assert sched.kv_holding_waiting() == ["x", "y"]
