@@ -199,7 +199,7 @@ class InterceptScheduler(Scheduler):
         """Why the new requests this step leaves waiting wait (the reasons of `meter.WAIT_REASONS`, in the
         order vLLM's waiting scan stops): what sets their time to first token, besides their prefill."""
         def stop() -> str | None:
-            head = self.ic_port.scan_stop()
+            head = self.ic_port.scan_stop(self.ic.holds_back)
             return head.request_id if head is not None else None
 
         self.ic.admission.schedule(time.monotonic(), (r.req_id for r in out.scheduled_new_reqs),

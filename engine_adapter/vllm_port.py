@@ -15,7 +15,7 @@ The scheduler (`VllmPort`):
   `kv_cache_manager.block_pool.{num_gpu_blocks, get_num_free_blocks, blocks[*].ref_cnt}` and
   `kv_cache_manager.coordinator.single_type_managers[*].req_to_blocks`;
 * `Request.{num_computed_tokens, num_tokens, num_tokens_with_spec, num_output_placeholders, status,
-  arrival_time}`.
+  arrival_time, num_stale_output_tokens, drop_stale_output}`.
 
 The step order itself (what runs, what waits, the blocks they need) is a pure rule in
 `intercept/step.py`, shared with the simulator; this port only reads vLLM's queues into it.
@@ -156,10 +156,15 @@ class VllmPort:
         """The waiting requests vLLM's scan may admit, in its order (the KV-holding queue drains first)."""
         return (r for q in (self.s.kv_holding_waiting, self.s.waiting) for r in q if r.status in _READY)
 
-    def scan_stop(self) -> Request | None:
+    def scan_stop(self, held_back: Callable[[str], bool]) -> Request | None:
         """After a schedule: the waiting request vLLM's scan stopped at, the first admissible one it did not
-        skip (skipped ones, a swap-in not yet armed or a grammar not yet compiled, hold no one back)."""
-        return next((r for r in self._admissible() if r not in self.s.deferred_waiting), None)
+        skip. Of the ready requests it skips those the connector holds back (`held_back`: a swap-in not yet
+        armed) and those whose previous turn's output is still in flight; the others (a KV load, a grammar,
+        a paused session's next input) are not ready. vLLM's `deferred_waiting` cannot tell: a request stays
+        in it from its first skip until it runs, so a resumed session (deferred while it was paused) that
+        now stops the scan would be passed over."""
+        return next((r for r in self._admissible() if not held_back(r.request_id)
+                     and not (r.num_stale_output_tokens and not r.drop_stale_output)), None)
 
     def _limits(self) -> StepLimits:
         s = self.s

@@ -459,6 +459,11 @@ class InterceptCore:
             return n, n > 0
         return 0, False
 
+    def holds_back(self, request_id: str) -> bool:
+        """Whether `load_lookup` holds this waiting request back (its swap-in not armed yet): vLLM skips it."""
+        e = self.entries.get(request_id)
+        return e is not None and e.host is not None and e.state is KvState.LOAD_QUEUED
+
     def load_allocated(self, request_id: str, block_ids: list[int], num_external_tokens: int) -> None:
         """vLLM allocated the device blocks the host copy goes into."""
         e = self.entries.get(request_id)

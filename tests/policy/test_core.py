@@ -445,8 +445,9 @@ def test_a_load_under_way_keeps_its_swap_in_budget_every_step() -> None:
     e = core.entries["a"]
     assert e.state is KvState.SWAPPED
     core.resume("a", 1.0, 99.0)
+    assert core.holds_back("a") and core.load_lookup("a", 0) == (None, False)  # vLLM skips it
     step(core, pool, 1.01)
-    assert e.state is KvState.LOAD_ARMED
+    assert e.state is KvState.LOAD_ARMED and not core.holds_back("a")
     core.load_allocated("a", [40, 41, 42, 43, 44, 45], 6 * BLOCK)
     moved = [len(step(core, pool, t).swap_in) for t in (1.02, 1.03)]
     assert moved == [3, 3] and e.state is KvState.LOADED

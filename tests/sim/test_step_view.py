@@ -130,3 +130,24 @@ def test_the_simulator_keeps_the_loads_it_admits_first_come_first_served() -> No
     sched.loads_done(["y", "x"])
     sched._promote_loaded()
     assert sched.kv_holding_waiting() == ["x", "y"]
+
+
+def test_the_port_finds_the_request_the_scan_stopped_at_though_vllm_deferred_it_before() -> None:
+    """The admission meter asks where vLLM's waiting scan stopped. It skips a paused session (not ready),
+    a swap-in the connector holds back and a request whose last output is still in flight; it stops at
+    the first other one. vLLM keeps a request in `deferred_waiting` from its first skip until it runs, so
+    a resumed request skipped while it was held back, and now armed but too large, is still there: it
+    is the stop all the same (the meter counts the new requests behind it as waiting behind a resumed
+    head, not for blocks)."""
+    def req(rid: str, status: RequestStatus, stale: int = 0) -> SimpleNamespace:
+        return SimpleNamespace(request_id=rid, status=status, num_computed_tokens=0, num_tokens=100,
+                               num_stale_output_tokens=stale, drop_stale_output=False)
+
+    paused = req("p", RequestStatus.WAITING_FOR_STREAMING_REQ)
+    held, stale, armed, new = (req("q", RequestStatus.WAITING), req("s", RequestStatus.WAITING, stale=1),
+                               req("r", RequestStatus.WAITING), req("n", RequestStatus.WAITING))
+    s = SimpleNamespace(kv_holding_waiting=[paused], waiting=[held, stale, armed, new],
+                        deferred_waiting=[paused, held, stale, armed])
+    port = VllmPort(s)
+    assert port.scan_stop(lambda rid: rid == "q") is armed
+    assert port.scan_stop(lambda rid: rid in ("q", "r")) is new
