@@ -161,7 +161,7 @@ class SimEngine:
         if out.load.tokens == 0 and copy == 0.0:
             return bool(out.preempted)
         seconds = step_s(fwd, copy, self.overlap, window)
-        if not fwd:
+        if not out.load.tokens:
             # A step that only copies: the engine still builds it and runs its workers (vLLM's
             # `kv_connector_no_forward`), so it pays the step's fixed cost besides the copy.
             seconds += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
