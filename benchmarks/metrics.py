@@ -10,6 +10,7 @@ the SLO, and the headline over seeds. The simulator imports the same definitions
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -358,6 +359,40 @@ def pooled_ttft_p99(by_seed: Mapping[Any, Mapping[str, Mapping[str, Any]]]) -> d
 def _median(xs: Iterable[float | None]) -> float | None:
     vals = [x for x in xs if x is not None]
     return statistics.median(vals) if vals else None
+
+
+def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]], slo_s: float,
+                  ttft_slo_s: float | None = None) -> dict[str, Any] | None:
+    """How much one point moves when measured again: `pairs` are (policy, first, second) runs of the same
+    policy, budget, seed and rate (the budget pilot's point and the sweep's). Per pair the median
+    normalized latency, the new requests' TTFT p99 and the SLO verdict of each; over the pairs the median
+    and largest factor between the two measurements, and how many verdicts differ. None: no pairs."""
+    if not pairs:
+        return None
+
+    def one(run: Mapping[str, Any]) -> dict[str, Any]:
+        return {"normalized_latency_median_s": run["normalized_latency_s"]["median"],
+                "ttft_p99_s": (run.get("ttft_s") or {}).get("p99"), "meets_slo": meets_slo(run, slo_s, ttft_slo_s)}
+
+    by_policy = {label: {"seed": int(a["seed"]), "rate": float(a["rate"]), "budget": a.get("budget"),
+                         "first": one(a), "second": one(b)} for label, a, b in pairs}
+
+    def factors(key: str) -> list[float]:
+        out = []
+        for p in by_policy.values():
+            x, y = p["first"][key], p["second"][key]
+            if x and y:
+                out.append(math.exp(abs(math.log(y / x))))
+        return out
+
+    summary = {}
+    for key, name in (("normalized_latency_median_s", "normalized_latency"), ("ttft_p99_s", "ttft_p99")):
+        f = factors(key)
+        summary[name] = {"median_factor": statistics.median(f) if f else None, "max_factor": max(f, default=None)}
+    return {"rule": "the budget pilot's point of each policy measured again by the sweep (same budget, seed and rate)",
+            "pairs": len(by_policy), "verdicts_differ": sum(p["first"]["meets_slo"] != p["second"]["meets_slo"]
+                                                            for p in by_policy.values()),
+            **summary, "by_policy": by_policy}
 
 
 def bound_violations(head: Mapping[str, Mapping[str, Any]], tolerance: float = 0.05) -> list[str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 
@@ -59,3 +60,23 @@ class PointStore:
         tmp = path.with_suffix(".tmp")
         tmp.write_text(_dump(value))
         os.replace(tmp, path)
+
+
+def repeat_pairs(get: Callable[[str], Any], budgets: Mapping[str, str], seed: int,
+                 rates: Iterable[float]) -> list[tuple[str, Any, Any]]:
+    """(policy, pilot point, sweep point) for every policy whose budget pilot ran at a rate the sweep's
+    first round ran too, at the budget the pilot chose (`budgets`: policy -> budget key), on the pilot's
+    seed: the same point measured twice, some minutes apart (`metrics.repeatability`)."""
+    out = []
+    for label, budget in budgets.items():
+        for r in rates:
+            a = get(PointStore.key("pilot", label, budget, seed, f"{r:g}"))
+            b = get(PointStore.key("round0", label, budget, seed, f"{r:g}"))
+            if a is not None and b is not None:
+                out.append((label, a, b))
+    return out
+
+
+def reader(points_dir: Path) -> Callable[[str], Any]:
+    """`PointStore.get` over a finished run's points folder, without a plan (for reports)."""
+    return lambda key: json.loads(f.read_text()) if (f := points_dir / f"{key}.json").is_file() else None

@@ -12,7 +12,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND
+from infercept.benchmarks.metrics import BOUND, repeatability
+from infercept.benchmarks.points import reader, repeat_pairs
 
 PEERS = ("discard", "vllm-apc", "vllm-offload", "continuum", "ttl", "preserve", "swap", "infercept-paper")
 
@@ -85,14 +86,33 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
     steady = result.get("steady_state") or {}
     if steady.get("runs_at_knee"):
         lines.append(f"Steady runs at the knees: {steady['steady_runs_at_knee']} of {steady['runs_at_knee']}.")
+    rep = result.get("repeatability")
+    if rep:
+        nl, tt = rep["normalized_latency"], rep["ttft_p99"]
+        lines.append(f"Repeatability ({rep['rule']}, {rep['pairs']} pairs): the median normalized latency moved by a factor "
+                     f"{_num(nl['median_factor'], '{:.2f}')} (median; largest {_num(nl['max_factor'], '{:.2f}')}), the TTFT p99 "
+                     f"by {_num(tt['median_factor'], '{:.2f}')} (largest {_num(tt['max_factor'], '{:.2f}')}); "
+                     f"the SLO verdict differs in {rep['verdicts_differ']} of {rep['pairs']}.")
     return "\n".join(lines)
+
+
+def with_repeatability(result: dict[str, Any], bench_json: Path) -> dict[str, Any]:
+    """A run made before bench.json carried `repeatability`: computed from its points folder, if there."""
+    points = bench_json.parent / "points"
+    if result.get("repeatability") is not None or not points.is_dir() or not result.get("baselines_tuned"):
+        return result
+    budgets = {label: "vllm-default" if b is None else str(b) for label, b in (result.get("token_budget") or {}).items()
+               if label in (result.get("pilot") or {}).get("by_policy", {})}
+    pairs = repeat_pairs(reader(points), budgets, int(result["seeds"][0]), result["pilot"]["rates"])
+    slo = result["slo"]
+    return result | {"repeatability": repeatability(pairs, slo["slo_normalized_latency_s"], slo.get("ttft_p99_bound_s"))}
 
 
 def main(path: str) -> int:
     import sys
 
     try:
-        result = json.loads(Path(path).read_text())
+        result = with_repeatability(json.loads(Path(path).read_text()), Path(path))
         table = markdown_table(result)
     except (OSError, ValueError, TypeError, AttributeError) as e:
         print(f"error: {path}: {e}", file=sys.stderr)

@@ -48,8 +48,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, bound_violations, headline, next_probe
-from infercept.benchmarks.points import PointStore
+from infercept.benchmarks.metrics import BOUND, bound_violations, headline, next_probe, repeatability
+from infercept.benchmarks.points import PointStore, repeat_pairs
 from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
 from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
 from engine_adapter.paths import configs_dir
@@ -366,6 +366,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
     slo_s = plan.slo_factor * unloaded["median_s"]
     ttft_slo_s = plan.ttft_factor * unloaded["ttft_p90_s"] if plan.ttft_factor and unloaded.get("ttft_p90_s") else None
     head = headline(results, slo_s, ttft_slo_s)
+    pairs = repeat_pairs(b.store.get, {x: budget_key(budgets[x]) for x in piloted}, plan.seeds[0], plan.pilot_rates)
     violations = bound_violations(head)
     for label in violations:
         print(f"warning: {label} beats the bound {BOUND} by more than 5% ({head[label]['max_rate_at_slo']:.2f} vs "
@@ -402,7 +403,8 @@ async def bench(plan: Plan) -> dict[str, Any]:
                 "unloaded_normalized_latency_s": unloaded["median_s"], "slo_normalized_latency_s": slo_s,
                 "unloaded_ttft_p90_s": unloaded.get("ttft_p90_s"), "ttft_p99_bound_s": ttft_slo_s,
                 "reference_runs": reference},
-        "headline": head, "bound_violations": violations, "results": results,
+        "headline": head, "bound_violations": violations, "repeatability": repeatability(pairs, slo_s, ttft_slo_s),
+        "results": results,
     }
     if abl:
         result |= {"ablation_headline": headline(abl, slo_s, ttft_slo_s), "ablation_results": abl, "ablation_token_budget": "vllm-default"}

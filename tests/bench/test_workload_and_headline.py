@@ -16,6 +16,7 @@ from infercept.benchmarks.metrics import (
     knee,
     meets_slo,
     next_probe,
+    repeatability,
     summarize,
     turn_timing,
 )
@@ -261,7 +262,7 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     from pathlib import Path
 
     from infercept.benchmarks.replay import REPO
-    from infercept.benchmarks.report import PEERS, best_peer, markdown_table
+    from infercept.benchmarks.report import PEERS, best_peer, markdown_table, with_repeatability
 
     path = REPO / "results/bench/mixed/bench.json"
     result = json.loads(path.read_text())
@@ -278,7 +279,7 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
         assert f"{h['waste_share_at_slo_rate']:.1%}" in rows[label]
     exe = Path(sys.executable).parent / "infercept"
     ok = subprocess.run([str(exe), "bench", "--report", str(path)], capture_output=True, text=True, timeout=120)
-    assert ok.returncode == 0 and ok.stdout.strip() == markdown_table(result)
+    assert ok.returncode == 0 and ok.stdout.strip() == markdown_table(with_repeatability(result, path))
     bad = tmp_path / "bench.json"
     bad.write_text(json.dumps({"seeds": [1]}))
     refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
@@ -303,3 +304,39 @@ def test_a_resumed_run_names_the_machines_its_points_ran_on(tmp_path: "Path") ->
     store.put("p3", {"rate": 6, "machine": slower})
     (other,) = other_hardware(here, store.machines())
     assert other.startswith("Some Other CPU")
+
+
+def test_repeatability_pairs_the_pilots_point_with_the_sweeps_and_says_how_far_they_moved(tmp_path: "Path") -> None:
+    """The budget pilot's point of a policy, measured again by the sweep's first round at the same budget,
+    seed and rate: how far the median latency and the first-token p99 moved, and whether the verdict did.
+    A run whose bench.json predates the field gets it from its points folder in the report."""
+    import json
+
+    from infercept.benchmarks.points import PointStore, reader, repeat_pairs
+    from infercept.benchmarks.report import markdown_table, with_repeatability
+
+    store = PointStore(tmp_path, {"plan": 1})
+    pt = lambda nl, p99: run(4.0, nl, ttft_p99=p99, seed=1, budget="512")
+    store.put(PointStore.key("pilot", "a", "512", 1, "4"), pt(0.010, 0.20))
+    store.put(PointStore.key("round0", "a", "512", 1, "4"), pt(0.005, 0.05))  # 2x and 4x: the verdict flips
+    store.put(PointStore.key("pilot", "b", "1024", 1, "4"), pt(0.004, 0.05))
+    store.put(PointStore.key("round0", "b", "1024", 1, "4"), pt(0.005, 0.05))
+    store.put(PointStore.key("pilot", "c", "512", 1, "4"), pt(0.004, 0.05))  # chose 1024: no pair at 512
+    store.put(PointStore.key("round0", "c", "1024", 1, "4"), pt(0.005, 0.05))
+    pairs = repeat_pairs(store.get, {"a": "512", "b": "1024", "c": "1024"}, 1, [4.0])
+    assert [label for label, _, _ in pairs] == ["a", "b"]
+    assert repeat_pairs(reader(tmp_path / "points"), {"a": "512", "b": "1024", "c": "1024"}, 1, [4.0]) == pairs
+    rep = repeatability(pairs, slo_s=0.008, ttft_slo_s=0.1)
+    assert rep["pairs"] == 2 and rep["verdicts_differ"] == 1
+    assert rep["normalized_latency"] == {"median_factor": pytest.approx(1.625), "max_factor": pytest.approx(2.0)}
+    assert rep["ttft_p99"] == {"median_factor": pytest.approx(2.5), "max_factor": pytest.approx(4.0)}
+    assert rep["by_policy"]["a"]["first"]["meets_slo"] is False and rep["by_policy"]["a"]["second"]["meets_slo"] is True
+    assert repeatability([], 0.008) is None
+    # The report: from bench.json where it carries the field, else from the points beside it.
+    result = {"baselines_tuned": True, "seeds": [1], "pilot": {"rates": [4.0], "by_policy": {"a": {}, "b": {}}},
+              "token_budget": {"a": 512, "b": 1024}, "slo": {"slo_normalized_latency_s": 0.008, "ttft_p99_bound_s": 0.1}}
+    (tmp_path / "bench.json").write_text(json.dumps(result))
+    got = with_repeatability(result, tmp_path / "bench.json")["repeatability"]
+    assert got == json.loads(json.dumps(rep))
+    text = markdown_table({**result, "repeatability": got, "headline": {}, "bound_violations": []})
+    assert "Repeatability" in text and "the SLO verdict differs in 1 of 2" in text
