@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from pathlib import Path
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -51,8 +51,7 @@ class PointStore:
         return list(seen.values())
 
     def get(self, key: str) -> Any | None:
-        path = self.dir / f"{key}.json"
-        return json.loads(path.read_text()) if path.is_file() else None
+        return _read(self.dir, key)
 
     def put(self, key: str, value: Any) -> None:
         # Written aside and renamed, so that a process killed mid-write leaves no half point behind.
@@ -79,4 +78,14 @@ def repeat_pairs(get: Callable[[str], Any], budgets: Mapping[str, str], seed: in
 
 def reader(points_dir: Path) -> Callable[[str], Any]:
     """`PointStore.get` over a finished run's points folder, without a plan (for reports)."""
-    return lambda key: json.loads(f.read_text()) if (f := points_dir / f"{key}.json").is_file() else None
+    return lambda key: _read(points_dir, key)
+
+
+def _read(points_dir: Path, key: str) -> Any | None:
+    path = points_dir / f"{key}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def budget_key(b: int | None) -> str:
+    """A token budget as point keys and reports name it."""
+    return "vllm-default" if b is None else str(b)

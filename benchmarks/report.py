@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, repeatability
-from infercept.benchmarks.points import reader, repeat_pairs
+from infercept.benchmarks.points import budget_key, reader, repeat_pairs
 
 PEERS = ("discard", "vllm-apc", "vllm-offload", "continuum", "ttl", "preserve", "swap", "infercept-paper")
 
@@ -101,7 +101,7 @@ def with_repeatability(result: dict[str, Any], bench_json: Path) -> dict[str, An
     points = bench_json.parent / "points"
     if result.get("repeatability") is not None or not points.is_dir() or not result.get("baselines_tuned"):
         return result
-    budgets = {label: "vllm-default" if b is None else str(b) for label, b in (result.get("token_budget") or {}).items()
+    budgets = {label: budget_key(b) for label, b in (result.get("token_budget") or {}).items()
                if label in (result.get("pilot") or {}).get("by_policy", {})}
     pairs = repeat_pairs(reader(points), budgets, int(result["seeds"][0]), result["pilot"]["rates"])
     slo = result["slo"]

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, bound_violations, headline, next_probe, repeatability
-from infercept.benchmarks.points import PointStore, repeat_pairs
+from infercept.benchmarks.points import PointStore, budget_key, repeat_pairs
 from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
 from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
 from engine_adapter.paths import configs_dir
@@ -200,10 +200,6 @@ def budgets_tried(label: str, s_tokens: int) -> list[int | None]:
     """S, 2S and vLLM's default; 4S instead of the default for policies that cap iterations at S (their
     cap follows the budget tried, and vLLM's default on this CPU is 2048 = 4 x 512)."""
     return [s_tokens, 2 * s_tokens, 4 * s_tokens if chunked(label) else None]
-
-
-def budget_key(b: int | None) -> str:
-    return "vllm-default" if b is None else str(b)
 
 
 class Bench:

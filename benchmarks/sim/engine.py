@@ -152,8 +152,9 @@ class SimEngine:
         copies = core.step_copies() if core.swap is not None else None
         core.scheduled(out.new, out.load.tokens)
         fwd = self.cost.forward_s(out.load)
+        fixed = self.step_overhead_s + self.host_per_request_s * len(sched.requests)  # host time of a step built
         if fwd:
-            fwd += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
+            fwd += fixed
         window = fwd * self.window_share  # the workers' forward window: what copies hide behind
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:
@@ -164,7 +165,7 @@ class SimEngine:
         if not out.load.tokens:
             # A step that only copies: the engine still builds it and runs its workers (vLLM's
             # `kv_connector_no_forward`), so it pays the step's fixed cost besides the copy.
-            seconds += self.step_overhead_s + self.host_per_request_s * len(sched.requests)
+            seconds += fixed
         self.now += seconds
         self.steps += 1
         if out.load.tokens:

@@ -449,11 +449,11 @@ class InterceptCore:
     def load_lookup(self, request_id: str, num_computed_tokens: int) -> tuple[int | None, bool]:
         """vLLM's external-KV lookup for a waiting request: (tokens to load, asynchronously?). None
         holds it back: its KV is on the host but the swap-in budget has not armed it yet."""
+        if self.holds_back(request_id):
+            return None, False
         e = self.entries.get(request_id)
         if e is None or e.host is None:
             return 0, False
-        if e.state is KvState.LOAD_QUEUED:
-            return None, False
         if e.state is KvState.LOAD_ARMED:
             n = max(0, e.host.tokens - num_computed_tokens)
             return n, n > 0
@@ -532,7 +532,8 @@ class InterceptCore:
         # Every swap-in not yet on the device wants budget: queued ones, and armed or loading ones for the
         # blocks they still have to copy (counting only the queued ones starved the loads already under
         # way to one block per step once the queue emptied).
-        loading = [e.host for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
+        under_way = [e for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
+        loading = [e.host for e in under_way if e.host]
         queued_in = [e.host for e in self._ordered(KvState.LOAD_QUEUED) if e.host]
         want_in = sum(h.blocks_to_load for h in queued_in + loading) * self.block_size
         want_out = inflight + sum(sw.blocks(v.context_tokens) for v in candidates) * self.block_size
@@ -543,7 +544,7 @@ class InterceptCore:
         # The device room swap-ins need: free blocks, and the blocks loads under way copy into (vLLM gave them
         # those at admission). Counting only the free ones stalled such loads at one block a step whenever
         # memory was short, holding their blocks idle for as many steps.
-        room = self.kv.num_free_blocks() + sum(e.host.blocks_to_load for e in self.entries.values()
+        room = self.kv.num_free_blocks() + sum(e.host.blocks_to_load for e in under_way
                                                if e.host is not None and e.state is KvState.LOADING)
         budget = sw.budgets(want_out, want_in, room, reserved_out_tokens=inflight, batch_tokens=batch)
         if candidates and self.spec.decide is not None:
