@@ -172,7 +172,16 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
             "prefetches", "prefetch_hits", "prefetch_late", "prefetch_dropped")},
         "by_type": by_type(outs, cutoff_s, t0.get("by_type", {}), t1.get("by_type", {})),
         "new_request_wait": new_request_wait(stats0.get("admission"), stats1.get("admission")),
+        "host_tier": host_tier(stats0.get("host_tier"), stats1.get("host_tier")),
     }
+
+
+def host_tier(h0: Mapping[str, Any] | None, h1: Mapping[str, Any] | None) -> dict[str, int] | None:
+    """What `vllm-offload`'s host KV tier did over the run (blocks stored, loads, the tokens they brought
+    back), or None where the policy has none."""
+    if not h1:
+        return None
+    return {k: h1[k] - (h0 or {}).get(k, 0) for k in ("blocks_stored", "loads", "tokens_loaded")}
 
 
 def new_request_wait(a0: Mapping[str, Any] | None, a1: Mapping[str, Any] | None) -> dict[str, Any] | None:

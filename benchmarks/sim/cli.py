@@ -200,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
             print("error: --sessions needs --profile gptj-6b or llama2-70b (a derived GPU profile, by name or by its "
                   "file under configs/profiles/)", file=sys.stderr)
             return 2
-        labels = _labels(args, ("discard", "vllm-apc", "continuum", "swap", "infercept-paper", "infercept", "infercept-admit", "unlimited-kv"))
+        labels = _labels(args, ("discard", "vllm-apc", "vllm-offload", "continuum", "swap", "infercept-paper", "infercept", "infercept-admit", "unlimited-kv"))
         bench = PaperRun(model=model, policies=tuple(labels), token_budget=args.token_budget).bench()
         res = capacity(bench, labels, workload=args.workload or "mixed", max_sessions=args.sessions, seed=_seeds(args, "1")[0])
         res = {**made_by, "profile": str(PAPER_PROFILES[model]), "token_budget": bench.budget(None), **res}

@@ -8,6 +8,8 @@ intercept core, calling the core exactly where `engine_adapter/scheduler.py` doe
   window)` (measured there by the workers), then outputs: a turn that
   reached its decode length pauses (`pause`; the oracle variant `tag`s it with its true duration);
 * at the call's end: `expire`, `resume` (KEEP in place; RECOMPUTE / LOAD requeued by arrival time);
+* under `vllm-offload`, vLLM's host KV tier around each step (`host_tier.py`): the loads the step admitted
+  start with it, the blocks it completed are stored at its end, finished loads are reported with its output;
 * at the end of its last turn (or an abort at the cutoff): `close`.
 
 Time advances by each step's cost (`cost.py`); while nothing is runnable it jumps to the next event
@@ -138,6 +140,9 @@ class SimEngine:
             self.idle_steps += 1
         if core.spec.ttl:
             cands += [e.paused_at_s + e.ttl_s for e in preserved if e.ttl_s is not None]
+        tier = self.sched.host_tier
+        if tier is not None and (t := tier.next_event()) is not None:
+            cands.append(max(t, self.now + self.idle_step_s))  # a load or store in flight: vLLM spins until it is through
         return min(cands) if cands else None
 
     # ================================================================== one step
@@ -147,6 +152,12 @@ class SimEngine:
             sched.waiting_ahead(core.waiting_order)  # before demotion reads the head, as the engine
         budget = core.before_schedule(sched.step_view, self.now)
         sched.max_num_scheduled_tokens = sched.default_budget if budget is None else min(budget, sched.default_budget)
+        tier = sched.host_tier
+        if tier is not None:
+            tier.now = self.now
+            done = tier.poll(self.now)  # reported by the empty steps vLLM spins while a load is on the link
+            if done:
+                sched.loads_done(done)
         out = sched.schedule()
         sched.meter_admission(core.admission, self.now, out)
         copies = core.step_copies() if core.swap is not None else None
@@ -159,14 +170,25 @@ class SimEngine:
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:
             sched.loads_done(copies.loads_done)
-        if out.load.tokens == 0 and copy == 0.0:
+        loads_started, tier_copy, stores = 0, 0.0, []
+        if tier is not None:
+            # The host tier's copies run in the worker when it submits them: on a CPU they add to the step.
+            loads_started, tier_copy = tier.start_step()
+            stores = tier.plan_stores(out.tokens)
+            tier_copy += tier.store_copy_s(stores)
+        if out.load.tokens == 0 and copy == 0.0 and not loads_started:
             return bool(out.preempted)
-        seconds = step_s(fwd, copy, self.overlap, window)
+        seconds = step_s(fwd, copy, self.overlap, window) + tier_copy
         if not out.load.tokens:
             # A step that only copies: the engine still builds it and runs its workers (vLLM's
             # `kv_connector_no_forward`), so it pays the step's fixed cost besides the copy.
             seconds += fixed
         self.now += seconds
+        if tier is not None:
+            tier.end_step(stores, self.now)  # issued at the step's barrier
+            done = tier.poll(self.now)
+            if done:
+                sched.loads_done(done)  # heard with this step's output
         self.steps += 1
         if out.load.tokens:
             resident = sched.resident_tokens()
@@ -241,6 +263,8 @@ class SimEngine:
         r.end_s = self.now + self.frontend_out_s
         self.core.close(r.rid, self.now)
         self.sched.finish(r)
+        if self.sched.host_tier is not None:
+            self.sched.host_tier.forget(r.rid)
         self._alive.pop(r.rid, None)
         self.finished.append(r)
         if self.on_finish is not None:
@@ -257,6 +281,8 @@ class SimEngine:
         sched.running, sched.waiting, sched.kv_ready = [], [], []
         sched._scheduled_once.clear()
         sched.loading, sched.inflight, sched.paused_slots = set(), set(), 0
+        if sched.host_tier is not None:
+            sched.host_tier.abort_all()
         self._events = [e for e in self._events if e[3].rid not in self._alive]
         heapq.heapify(self._events)
         self._alive.clear()
@@ -267,8 +293,10 @@ class SimEngine:
         """The engine's stats report, as `InterceptEngine.stats()` returns it to the benchmark."""
         counts = self.sched.block_counts()
         waiting = len(self.sched.waiting) + len(self.sched.kv_ready) + len(self.sched.loading)
+        tier = self.sched.host_tier
         return asdict(engine_stats(self.core, counts, running=len(self.sched.running), waiting=waiting, now=self.now,
-                                   token_budget=self.sched.default_budget))
+                                   token_budget=self.sched.default_budget,
+                                   host_tier=tier.report() if tier is not None else None))
 
     def check(self) -> None:
         check_integrity(self.core, self.sched.block_counts())

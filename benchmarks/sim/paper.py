@@ -8,7 +8,7 @@ The setting, and where each number comes from:
   exps/6B_bench.sh), plus 4.5 and 5 so that every policy's SLO crossing is inside the sweep; its
   128 GiB host swap space (`--swap-space 128` there);
 * one token budget for every policy, S from the profile (the benchmark's rule: `--token-budget`);
-* every policy of the benchmark the simulator models (`setup.SIMULATED_LABELS`: not `vllm-offload`), the bound `unlimited-kv` included: KV
+* every policy of the benchmark the simulator models (`setup.SIMULATED_LABELS`: all of them), the bound `unlimited-kv` included: KV
   for every request's context at once (the runner's rule) and, unlike the bench's tiny setting, a
   running slot for every context too (256 slots would otherwise bound the bound: paused sessions hold
   their slots, and minutes-long calls at 5 requests/s keep hundreds paused);

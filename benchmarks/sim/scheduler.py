@@ -14,8 +14,9 @@ One step (`schedule`):
    request is admitted only if its whole context fits in the free blocks (`reserve_full_isl`, vLLM's
    `scheduler_reserve_full_isl`, on by default; off: only this step's chunk), computes what fits in the
    budget (chunked prefill), and gets its prefix-cache hits or, through the intercept core's KV
-   lookup, its swap-in: a held-back one is skipped, an armed one gets its blocks and waits for its
-   copies (`LOADING`); the first one that does not fit stops the loop.
+   lookup, its swap-in (or, under `vllm-offload`, the host tier's lookup past the device's hits,
+   `host_tier.py`): a held-back (deferred) one is skipped, an armed one gets its blocks and waits for
+   its copies (`LOADING`); the first one that does not fit stops the loop.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infercept.benchmarks.sim.cost import StepLoad
+from infercept.benchmarks.sim.host_tier import SimHostTier
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.request import SimRequest, Status
 from engine_adapter.intercept.meter import AdmissionMeter
@@ -53,6 +55,7 @@ class SimScheduler:
         self.reserve_full_isl = reserve_full_isl  # vLLM's `scheduler_reserve_full_isl` (its default, the engine's)
         self.default_budget = self.max_num_scheduled_tokens = token_budget
         self.core: Any = None  # the intercept core (its KV lookup is the connector's)
+        self.host_tier: SimHostTier | None = None  # vLLM's host KV tier (`vllm-offload`): the connector's lookup
         self.requests: dict[str, SimRequest] = {}
         self.running: list[SimRequest] = []
         self.waiting: list[SimRequest] = []
@@ -295,6 +298,12 @@ class SimScheduler:
                         skipped += 1
                         continue
                     ext = found
+                elif self.host_tier is not None:
+                    host = self.host_tier.lookup(r, len(hits))
+                    if host is None:  # deferred: a transfer it needs is still on the link
+                        skipped += 1
+                        continue
+                    ext, load_async = host * self.bs, host > 0
                 computed = len(hits) * self.bs + ext
             n = 0 if load_async else min(r.num_tokens - computed, budget)
             # Admission (`intercept/step.py`): the whole context must fit when `reserve_full_isl`, the
@@ -312,8 +321,10 @@ class SimScheduler:
                 r.cached_blocks = len(hits)  # what is cached beyond the hits was evicted: recomputed anew
             if need > 0:
                 r.blocks.extend(self.pool.allocate(need))
-            if ext:
+            if ext and swap:
                 self.core.load_allocated(r.rid, list(r.blocks), ext)
+            elif ext:
+                self.host_tier.admit_load(r, len(hits), ext // self.bs)  # type: ignore[union-attr]
             if from_ready:
                 self.kv_ready.pop(0)
             else:

@@ -25,7 +25,7 @@ from engine_adapter.paths import configs_dir
 
 KV_FACTORS = (0.5, 1.0, 2.0, 4.0)
 LINKS_GBPS = (0.1, 0.25, 1.0)
-POLICIES = ("discard", "vllm-apc", "continuum", "swap", "infercept-paper", "infercept", BOUND)
+POLICIES = ("discard", "vllm-apc", "vllm-offload", "continuum", "swap", "infercept-paper", "infercept", BOUND)
 RATES = (2.0, 4.0, 6.0, 8.0, 10.0, 12.0, 14.0, 16.0)
 
 

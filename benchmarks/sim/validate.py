@@ -360,7 +360,8 @@ def _brief(x: Mapping[str, Any]) -> dict[str, Any]:
             "wall_s": x.get("wall_s"), "recompute_share_of_forward": x.get("recompute_share_of_forward"),
             "waste_share_of_capacity_time": x.get("waste_share_of_capacity_time"), "swap_stall_s": x.get("swap_stall_s"),
             "intercepts": x.get("intercepts"), "recomputed_tokens": x.get("recomputed_tokens"),
-            "swapped_out_tokens": x.get("swapped_out_tokens"), "demoted": x.get("demoted")}
+            "swapped_out_tokens": x.get("swapped_out_tokens"), "demoted": x.get("demoted"),
+            "host_tier": x.get("host_tier")}
 
 
 def print_validation(v: Mapping[str, Any]) -> None:

@@ -243,15 +243,6 @@ def test_swap_heuristic_keeps_short_calls_and_swaps_long_ones(tmp_path: Path) ->
     assert recs["long"].kv_fate is Fate.SWAP and recs["long"].tokens_swapped_in == recs["long"].context_tokens
 
 
-def test_the_host_tier_policy_is_refused_not_simulated_as_vllm_apc(tmp_path: Path) -> None:
-    from infercept.benchmarks.sim.paper import ALL_POLICIES
-
-    assert "vllm-offload" in VARIANTS and "vllm-offload" not in ALL_POLICIES
-    assert set(VARIANTS) - set(SIMULATED_LABELS) == {"vllm-offload"}
-    with pytest.raises(ValueError, match="'vllm-offload' cannot be simulated: the simulator does not model vLLM's host KV tier"):
-        toy_bench(tmp_path).engine("vllm-offload")
-
-
 def test_a_request_that_can_never_run_is_reported_with_the_state_that_explains_it(tmp_path: Path) -> None:
     """The simulator raises `Stuck` (a bug to find, not a hang) and says what the queues, the free blocks
     and the paused entries were."""
