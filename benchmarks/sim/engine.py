@@ -175,7 +175,7 @@ class SimEngine:
             # The host tier's copies run in the worker when it submits them: on a CPU they add to the step.
             loads_started, tier_copy = tier.start_step()
             stores = tier.plan_stores(out.tokens)
-            tier_copy += tier.store_copy_s(stores)
+            tier_copy += tier.store_copy_s(stores) + tier.take_stall()  # and the flushes it waits for
         if out.load.tokens == 0 and copy == 0.0 and not loads_started:
             return bool(out.preempted)
         seconds = step_s(fwd, copy, self.overlap, window) + tier_copy
@@ -262,9 +262,9 @@ class SimEngine:
     def _finish(self, r: SimRequest) -> None:
         r.end_s = self.now + self.frontend_out_s
         self.core.close(r.rid, self.now)
-        self.sched.finish(r)
         if self.sched.host_tier is not None:
-            self.sched.host_tier.forget(r.rid)
+            self.sched.host_tier.finished(r)  # before its blocks are freed
+        self.sched.finish(r)
         self._alive.pop(r.rid, None)
         self.finished.append(r)
         if self.on_finish is not None:

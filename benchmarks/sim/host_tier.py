@@ -2,38 +2,47 @@
 `engine_adapter/host_tier.py`), over the simulated pool: what the simulator needs to run the benchmark's
 best peer beside the policies it already models.
 
-What it does, as vLLM 0.32's `OffloadingConnectorScheduler` and our worker do:
+What it does, as vLLM 0.32's `OffloadingConnectorScheduler`, its `CPUOffloadingManager` (LRU) and our
+worker do:
 
-* **Stores.** Every block a scheduled request completes in a step is stored to the host buffer at the
-  step's end (our connector issues stores at the barrier), unless its key is there already; a request's
-  stored index only moves forward (vLLM's `next_stored_chunk_idx`). The host buffer holds
-  `capacity_blocks` whole blocks, evicted least recently used (`CPUOffloadingManager`, `lru`); a block
-  whose store is in flight or that a load reads is not evicted, and a store that finds no room is
-  dropped.
-* **Lookup** (`get_num_new_matched_tokens`), when the scan reaches a request that has nothing
-  computed: the leading run of its full blocks past the device's prefix-cache hits that the host holds.
-  A block whose store is still on the link (`HIT_PENDING`), or a request with a transfer of its own still
-  in flight, defers the lookup: the scan skips the request this step, as vLLM's does on `None`.
+* **Stores.** When a step is built, each scheduled request offers the full blocks the step will complete
+  beyond its stored index; those the host does not hold are stored, all or none (`prepare_store`): room
+  is made by evicting the least recently used ready blocks no load reads and the request did not offer,
+  and if that is not enough nothing is stored and the request offers them again next step. Stored, the
+  index moves past them (a load moves it past what it loaded). The copies are issued at the step's end
+  (our connector issues stores at the barrier), and the blocks become loadable when their link time is
+  through.
+* **Recency.** Nothing is touched on lookup or load; when a request finishes, every block it stored or
+  loaded becomes the most recently used, its first block last of all (the LRU policy's
+  `on_request_finished`).
+* **Lookup** (`get_num_new_matched_tokens`), when the scan reaches a request that has nothing computed:
+  the leading run of its full blocks past the device's prefix-cache hits that the host holds. A request
+  with a transfer of its own still in flight (or a block still being stored, which with keys unique to
+  a request is the same thing) is deferred: the scan skips it this step, as vLLM's does on `None`.
 * **Loads** are asynchronous (vLLM's `WAITING_FOR_REMOTE_KVS`): the request gets its blocks at
-  admission, and its blocks are read over the link from the step's start; the scheduler hears of the
-  finished load with the first step's output after the link time and promotes it then.
+  admission, the load goes on the link when the step that admitted it starts, and the scheduler hears
+  it is through with the first step's output after that and promotes it then.
 * **The link** is one queue for both directions (`EmulatedLink`): a transfer starts when those before it
-  are through and takes bytes / rate. Without an emulated link a CPU's transfer is only its copy.
+  are through and takes bytes / rate, from when its copy began. Without an emulated link a CPU's
+  transfer is only its copy.
 * **The copy** itself (our `BlockCopier`) runs in the worker when a job is submitted, so on a CPU it
   lengthens the step by bytes / the profile's measured copy bandwidth (out for stores, in for loads); a
   GPU copies on its DMA engine and the step does not wait.
-
-Not modelled: vLLM's flush of a block's pending store before the block is reused (`wait`: the blocks a
-step allocates are the free queue's oldest, whose stores finished long before at these rates)."""
+* **Flushes.** A step that reuses a block whose store is still on the link waits for it (vLLM flushes a
+  finished request's pending stores before its freed blocks are reused, and a preempted request's);
+  our worker's `wait` sleeps out the link time left, and so does the simulated step."""
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infercept.benchmarks.sim.request import SimRequest
 from engine_adapter.intercept.reports import HostTierReport
+
+_PENDING = math.inf  # a store prepared in the step being built, its link time not known yet
 
 
 @dataclass
@@ -55,18 +64,21 @@ class SimHostTier:
         self.copy_out_bytes_per_s, self.copy_in_bytes_per_s = copy_out_bytes_per_s, copy_in_bytes_per_s
         self.now = 0.0  # the step being built starts here: what the scheduler knows is done by now
         self._link_free_at = 0.0
-        self._keys: OrderedDict[int, float] = OrderedDict()  # key -> when its store is through, oldest use first
+        self._keys: OrderedDict[int, float] = OrderedDict()  # key -> when its store is through, least recent first
         self._reading: dict[int, int] = {}  # key -> loads reading it (not evictable)
-        self._stored_upto: dict[str, int] = {}  # request -> blocks considered for storing (vLLM's stored index)
+        self._stored_upto: dict[str, int] = {}  # request -> its stored index, in blocks (vLLM's next_stored_chunk_idx)
+        self._used_upto: dict[str, int] = {}  # request -> blocks it stored or loaded (its recency update at the end)
         self._busy_until: dict[str, float] = {}  # request -> when its last store is through
+        self._pending_blocks: dict[int, float] = {}  # freed device block -> when its store is through
         self._admitted: list[_Load] = []  # loads admitted by the step being built
         self._loads: list[_Load] = []  # loads on the link
-        # what the engine's HostTierReport counts
+        self.stall_s = 0.0  # flushes the step being built waits for (taken by the engine)
+        # what the engine's HostTierReport counts, and more
         self.blocks_stored = 0
         self.loads = 0
         self.tokens_loaded = 0
         self.deferred_lookups = 0
-        self.dropped_stores = 0
+        self.failed_stores = 0  # offers refused for want of room (offered again later)
 
     # ------------------------------------------------------------------ the scheduler's side
     def lookup(self, r: SimRequest, local_blocks: int) -> int | None:
@@ -74,53 +86,81 @@ class SimHostTier:
         if self._busy_until.get(r.rid, 0.0) > self.now:
             self.deferred_lookups += 1
             return None
-        hits, pending = 0, False
+        hits = 0
         for idx in range(local_blocks, r.num_tokens // self.bs):
             done = self._keys.get(r.key + idx)
             if done is None:
                 break
-            pending |= done > self.now
+            if done > self.now:
+                self.deferred_lookups += 1
+                return None
             hits += 1
-        if pending:
-            self.deferred_lookups += 1
-            return None
         return hits
 
     def admit_load(self, r: SimRequest, first_block: int, n_blocks: int) -> None:
         """The scheduler gave a request its blocks for `n_blocks` host blocks from `first_block` on."""
         keys = tuple(r.key + i for i in range(first_block, first_block + n_blocks))
         for k in keys:
-            self._keys.move_to_end(k)  # vLLM's `touch`
             self._reading[k] = self._reading.get(k, 0) + 1
         self._admitted.append(_Load(r.rid, keys))
+        end = first_block + n_blocks
+        self._stored_upto[r.rid] = max(self._stored_upto.get(r.rid, 0), end)
+        self._used_upto[r.rid] = max(self._used_upto.get(r.rid, 0), end)
         self.loads += 1
         self.tokens_loaded += n_blocks * self.bs
+
+    def allocated(self, blocks: Iterable[int]) -> None:
+        """The scheduler handed these device blocks out: one whose store is still on the link is flushed."""
+        if not self._pending_blocks:
+            return
+        for b in blocks:
+            done = self._pending_blocks.pop(b, None)
+            if done is not None:
+                self.stall_s = max(self.stall_s, done - self.now)
+
+    def preempted(self, rid: str) -> None:
+        """vLLM flushes a preempted request's stores before its blocks are reused."""
+        self.stall_s = max(self.stall_s, self._busy_until.get(rid, 0.0) - self.now)
 
     # ------------------------------------------------------------------ the step
     def start_step(self) -> tuple[int, float]:
         """The step built at `now` starts: the loads it admitted go on the link. Returns how many, and
         what their copies add to the step."""
-        nbytes, started = 0, len(self._admitted)
+        nbytes, started, at = 0, len(self._admitted), self.now
         for load in self._admitted:
             n = len(load.keys) * self.block_bytes
-            load.done_at = self._transfer(n, self.now)
+            copy = n / self.copy_in_bytes_per_s if self.copy_in_bytes_per_s else 0.0
+            load.done_at = self._transfer(n, at, copy)
+            at += copy  # the worker copies one job after the other
             nbytes += n
             self._loads.append(load)
         self._admitted = []
-        return started, (nbytes / self.copy_in_bytes_per_s if self.copy_in_bytes_per_s and nbytes else 0.0)
+        return started, at - self.now
+
+    def take_stall(self) -> float:
+        stall, self.stall_s = max(0.0, self.stall_s), 0.0
+        return stall
 
     def plan_stores(self, scheduled: Iterable[SimRequest]) -> list[tuple[str, list[int]]]:
-        """The blocks this step completes that the host does not hold yet (issued at its end)."""
+        """The stores of the step being built (vLLM prepares them when it builds the step's metadata):
+        per request, the blocks it completes that the host takes, all or none."""
         out = []
         for r in scheduled:
-            full = r.num_computed // self.bs
+            full = r.num_computed // self.bs  # after the step (the scheduler has counted it)
             start = self._stored_upto.get(r.rid, 0)
             if full <= start:
                 continue
+            offered = [r.key + i for i in range(start, full)]
+            new = [k for k in offered if k not in self._keys]
+            if new and not self._make_room(len(new), set(offered)):
+                self.failed_stores += 1
+                continue
+            for k in new:
+                self._keys[k] = _PENDING
             self._stored_upto[r.rid] = full
-            keys = [r.key + i for i in range(start, full) if r.key + i not in self._keys]
-            if keys:
-                out.append((r.rid, keys))
+            self._used_upto[r.rid] = max(self._used_upto.get(r.rid, 0), full)
+            if new:
+                out.append((r.rid, new))
         return out
 
     def store_copy_s(self, stores: list[tuple[str, list[int]]]) -> float:
@@ -128,21 +168,17 @@ class SimHostTier:
         return n / self.copy_out_bytes_per_s if self.copy_out_bytes_per_s and n else 0.0
 
     def end_step(self, stores: list[tuple[str, list[int]]], now: float) -> None:
-        """The step ended at `now`: its stores go on the link."""
+        """The step ended at `now`: its stores go on the link (their copies began at the barrier, just
+        before `now`, when they run on the step's cores)."""
+        at = now - self.store_copy_s(stores)
         for rid, keys in stores:
-            kept = 0
-            for k in keys:  # room is made block by block, as vLLM's `prepare_store` evicts
-                if self._make_room():
-                    self._keys[k] = -1.0  # placeholder until the job's time is known (never ready before it)
-                    kept += 1
-            self.dropped_stores += len(keys) - kept
-            if not kept:
-                continue
-            done = self._transfer(kept * self.block_bytes, now)
+            nbytes = len(keys) * self.block_bytes
+            copy = nbytes / self.copy_out_bytes_per_s if self.copy_out_bytes_per_s else 0.0
+            done = self._transfer(nbytes, at, copy)
+            at += copy
             for k in keys:
-                if self._keys.get(k) == -1.0:
-                    self._keys[k] = done
-            self.blocks_stored += kept
+                self._keys[k] = done
+            self.blocks_stored += len(keys)
             self._busy_until[rid] = max(self._busy_until.get(rid, 0.0), done)
 
     def poll(self, now: float) -> list[str]:
@@ -164,13 +200,24 @@ class SimHostTier:
         times += [t for t in self._busy_until.values() if t > self.now]
         return min(times) if times else None
 
-    def forget(self, rid: str) -> None:
-        """The request finished or was aborted (vLLM's `request_finished`): its host blocks stay."""
-        self._stored_upto.pop(rid, None)
-        self._busy_until.pop(rid, None)
+    def finished(self, r: SimRequest) -> None:
+        """The request finished (vLLM's `request_finished`), its device blocks about to be freed: those
+        whose store is still on the link are flushed when reused, and every block it stored or loaded
+        becomes the most recently used, its first last of all."""
+        for idx, b in enumerate(r.blocks):
+            done = self._keys.get(r.key + idx)
+            if done is not None and done > self.now:
+                self._pending_blocks[b] = done
+        for idx in range(self._used_upto.pop(r.rid, 0) - 1, -1, -1):
+            if r.key + idx in self._keys:
+                self._keys.move_to_end(r.key + idx)
+        self._stored_upto.pop(r.rid, None)
+        self._busy_until.pop(r.rid, None)
 
     def abort_all(self) -> None:
+        """The cutoff: requests are gone; transfers on the link and the host's contents stay."""
         self._stored_upto.clear()
+        self._used_upto.clear()
         self._busy_until.clear()
         self._admitted, self._loads, self._reading = [], [], {}
 
@@ -179,19 +226,28 @@ class SimHostTier:
                               tokens_loaded=self.tokens_loaded)
 
     # ------------------------------------------------------------------ internals
-    def _transfer(self, nbytes: int, started: float) -> float:
+    def _transfer(self, nbytes: int, started: float, copy_s: float) -> float:
+        """When a job whose copy began at `started` and took `copy_s` is through (`EmulatedLink.transfer`)."""
         if not self.link_bytes_per_s:
-            return started
+            return started + copy_s
         begin = max(started, self._link_free_at)
-        self._link_free_at = begin + nbytes / self.link_bytes_per_s
+        self._link_free_at = max(started + copy_s, begin + nbytes / self.link_bytes_per_s)
         return self._link_free_at
 
-    def _make_room(self) -> bool:
-        """Room for one more block, evicting the least recently used block that no transfer holds."""
-        if len(self._keys) < self.capacity:
+    def _make_room(self, n: int, protected: set[int]) -> bool:
+        """Room for `n` more blocks, evicting the least recently used ready blocks that no load reads and
+        that are not `protected`; nothing is evicted unless all the room can be made."""
+        short = len(self._keys) + n - self.capacity
+        if short <= 0:
             return True
+        victims = []
         for k, done in self._keys.items():
-            if 0.0 <= done <= self.now and k not in self._reading:
-                del self._keys[k]
-                return True
-        return False
+            if done <= self.now and k not in self._reading and k not in protected:
+                victims.append(k)
+                if len(victims) == short:
+                    break
+        if len(victims) < short:
+            return False
+        for k in victims:
+            del self._keys[k]
+        return True

@@ -92,7 +92,7 @@ class SimScheduler:
         need = -(-num_tokens // self.bs)
         if r.blocks or need > self.pool.num_free() or self.slots_full():
             return None
-        r.blocks = list(self.pool.allocate(need))
+        r.blocks = list(self._allocate(need))
         self.paused_slots += 1
         return list(r.blocks)
 
@@ -240,7 +240,7 @@ class SimScheduler:
             if r.status is Status.PREEMPTED:
                 break
             if need > 0:
-                r.blocks.extend(self.pool.allocate(need))
+                r.blocks.extend(self._allocate(need))
             out.tokens[r] = n
             c = r.num_computed
             tokens, reqs, ctx, pairs = tokens + n, reqs + 1, ctx + c, pairs + n * c + n * (n + 1) // 2
@@ -320,7 +320,7 @@ class SimScheduler:
             if fresh:
                 r.cached_blocks = len(hits)  # what is cached beyond the hits was evicted: recomputed anew
             if need > 0:
-                r.blocks.extend(self.pool.allocate(need))
+                r.blocks.extend(self._allocate(need))
             if ext and swap:
                 self.core.load_allocated(r.rid, list(r.blocks), ext)
             elif ext:
@@ -355,7 +355,15 @@ class SimScheduler:
         """Blocks the in-flight prefills still need to hold their whole context."""
         return sum(max(0, -(-min(r.num_tokens, self.max_model_len) // self.bs) - len(r.blocks)) for r in self.inflight)
 
+    def _allocate(self, n: int) -> list[int]:
+        blocks = self.pool.allocate(n)
+        if self.host_tier is not None:
+            self.host_tier.allocated(blocks)
+        return blocks
+
     def _preempt(self, r: SimRequest) -> None:
+        if self.host_tier is not None:
+            self.host_tier.preempted(r.rid)
         self.inflight.discard(r)
         self.pool.free(r.blocks)
         r.blocks = []

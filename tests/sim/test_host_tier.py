@@ -69,7 +69,7 @@ def test_on_a_cpu_the_copies_lengthen_the_step() -> None:
     assert t.lookup(a, 0) == 2
     t.admit_load(a, 0, 2)
     assert t.start_step() == (1, pytest.approx(0.4))
-    assert t.poll(0.0) == ["a"]
+    assert t.poll(0.39) == [] and t.poll(0.4) == ["a"]  # through when copied
 
 
 def test_lru_eviction_spares_blocks_a_load_is_reading() -> None:
@@ -78,15 +78,59 @@ def test_lru_eviction_spares_blocks_a_load_is_reading() -> None:
     a.key, b.key = 0, 1000
     a.num_computed = a.num_tokens = 8
     t.end_step(t.plan_stores([a]), now=0.0)  # keys 0, 1
-    t.admit_load(a, 0, 1)  # key 0 in use (and touched: most recently used)
+    t.admit_load(a, 0, 1)  # key 0 is read (a lookup or a load does not make it recent)
     b.num_computed = b.num_tokens = 8
-    t.end_step(t.plan_stores([b]), now=0.0)  # key 1000 fits; 1001 evicts key 1, the LRU one not read
+    t.end_step(t.plan_stores([b]), now=0.0)  # key 1000 fits; 1001 evicts key 1, the oldest not read
     assert t.lookup(a, 0) == 1 and t.lookup(b, 0) == 2
-    assert t.dropped_stores == 0
     c = request("c", 4, [(1, None, 0)])
     c.key, c.num_computed, c.num_tokens = 2000, 4, 4
-    t.end_step(t.plan_stores([c]), now=0.0)  # key 1000 is the LRU one not read: evicted
+    t.end_step(t.plan_stores([c]), now=0.0)  # key 1000 is the oldest not read: evicted
     assert t.lookup(b, 0) == 0 and t.lookup(c, 0) == 1
+
+
+def test_a_finished_request_makes_its_blocks_the_most_recent_first_block_last() -> None:
+    t = tier(capacity=3, link=None)
+    a, b, c = (request(x, 8, [(1, None, 0)]) for x in "abc")
+    a.key, b.key, c.key = 0, 1000, 2000
+    a.num_computed = a.num_tokens = 8
+    t.end_step(t.plan_stores([a]), now=0.0)  # 0, 1
+    b.num_computed = b.num_tokens = 4
+    t.end_step(t.plan_stores([b]), now=0.0)  # 0, 1, 1000
+    t.finished(a)  # 1000, 1, 0
+    c.num_computed = c.num_tokens = 4
+    t.end_step(t.plan_stores([c]), now=0.0)  # evicts 1000, not a's first block
+    assert t.lookup(b, 0) == 0 and t.lookup(a, 0) == 2
+
+
+def test_a_store_takes_all_its_blocks_or_none_and_is_offered_again() -> None:
+    t = tier(capacity=3)  # 0.1 s a block on the link
+    a, b = request("a", 8, [(1, None, 0)]), request("b", 8, [(1, None, 0)])
+    a.key, b.key = 0, 1000
+    a.num_computed = a.num_tokens = 8
+    t.end_step(t.plan_stores([a]), now=0.0)  # keys 0, 1 on the link until 0.2 s: not evictable
+    b.num_computed = b.num_tokens = 8
+    t.now = 0.1
+    assert t.plan_stores([b]) == [] and t.failed_stores == 1  # 2 blocks, room for 1
+    t.now = 0.2
+    assert t.plan_stores([b]) == [("b", [1000, 1001])]  # offered again: key 0 evicted for it
+    assert t.lookup(a, 0) == 0
+
+
+def test_reusing_a_block_whose_store_is_on_the_link_waits_for_it() -> None:
+    t = tier()
+    a = request("a", 8, [(1, None, 0)])
+    a.num_computed = a.num_tokens = 8
+    a.blocks = [5, 6]
+    t.end_step(t.plan_stores([a]), now=1.0)  # through at 1.2 s
+    t.now = 1.05
+    t.finished(a)
+    t.allocated([7])
+    assert t.take_stall() == 0.0
+    t.allocated([6])
+    assert t.take_stall() == pytest.approx(0.15)
+    t.now = 1.3  # a later step: the store is through
+    t.allocated([5])
+    assert t.take_stall() == 0.0
 
 
 def run_two(tmp_path: Path, policy: str, link_bytes_per_s: float = 1e12) -> tuple[object, object]:
