@@ -415,10 +415,14 @@ class InterceptCore:
                 continue
             if e.state is KvState.RECOMPUTE_QUEUED:
                 self.ledger.recomputed(e.record, computed)
+            elif e.state is KvState.LOAD_ARMED and self.spec.prefix_caching:
+                # Nothing to load: vLLM's prefix cache held every block the host copy had.
+                self._drop_host(e)
+                self.ledger.recomputed(e.record, computed)
             else:
                 if e.host is not None:  # armed but loaded nothing (its tokens were already computed)
                     self._drop_host(e)
-                self.ledger.swapped_in(e.record, computed)
+                self.ledger.swapped_in(e.record, computed, prefix_hit=e.load_hit_tokens)
             self.meter.start_recompute(rid, e.record.tokens_recomputed or 0)
             del self.entries[rid]
             self._post(e.record)
@@ -471,9 +475,13 @@ class InterceptCore:
             return
         assert e.host is not None
         n = len(e.host.slots)
-        if len(block_ids) < n:
+        # With prefix caching the request's first blocks may be hits (vLLM's lookup ran before ours, in
+        # whole blocks): the load fills only the blocks from the first one the device lacks.
+        skip = n - -(-num_external_tokens // self.block_size)
+        if len(block_ids) < n or skip < 0:
             raise TransitionError("vLLM allocated fewer blocks than the swapped context needs")
-        e.host.to_load = deque(zip(block_ids[:n], e.host.slots))
+        e.host.to_load = deque(zip(block_ids[skip:n], e.host.slots[skip:]))
+        e.load_hit_tokens = max(0, e.host.tokens - num_external_tokens)
         e.state = KvState.LOADING
         self._moved(e, None)
 
@@ -554,7 +562,7 @@ class InterceptCore:
                 block_size=self.block_size, running_tokens=view.get().running_tokens,
                 running_requests=view.get().running_requests, last_batch_tokens=batch,
                 swap_out_budget_tokens=max(0, budget.out_tokens - inflight), host_free_blocks=sw.slots.num_free,
-                prefix_caching=self.spec.prefix_caching, swap_queue_tokens=want_in + inflight,
+                swap_queue_tokens=want_in + inflight,
                 swap_limit_tokens=sw.limit_tokens, free_blocks=free_after,
                 head_waits=view.get().head_waiting is not None and free_after < 0,
             ))

@@ -195,13 +195,17 @@ class Ledger:
         self.totals.prefix_hit_tokens += hit
         self.open.pop(rec.request_id, None)
 
-    def swapped_in(self, rec: InterceptRecord, tokens: int) -> None:
-        """First schedule after a resume whose KV came back from the host buffer."""
-        rec.tokens_swapped_in = tokens
+    def swapped_in(self, rec: InterceptRecord, tokens: int, prefix_hit: int = 0) -> None:
+        """First schedule after a resume whose KV came back from the host buffer (`prefix_hit` of its
+        `tokens` from vLLM's prefix cache, under a policy that has it on)."""
+        hit = min(prefix_hit, tokens)
+        rec.tokens_swapped_in = tokens - hit
+        rec.tokens_prefix_hit = hit
         rec.tokens_kept = tokens
         rec.tokens_recomputed = max(0, rec.context_tokens - tokens)
         rec.restored_by = RestoredBy.SWAP
-        self.totals.swapped_in_tokens += tokens
+        self.totals.swapped_in_tokens += tokens - hit
+        self.totals.prefix_hit_tokens += hit
         self.totals.recomputed_tokens += rec.tokens_recomputed
         self.totals.add(rec.aug_type, "recomputed_tokens", rec.tokens_recomputed)
         self.open.pop(rec.request_id, None)

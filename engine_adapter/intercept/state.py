@@ -78,6 +78,7 @@ class Entry:
     seq: int  # first come, first served: pauses, swap starts and resumes in this order
     host: HostCopy | None = None
     fetched_at_s: float | None = None  # a prefetch's start: its device blocks are held (idle) from then
+    load_hit_tokens: int = 0  # of a swap-in, the tokens vLLM's prefix cache already held (not copied)
 
     @property
     def session_id(self) -> str:

@@ -209,7 +209,6 @@ class DecisionInput:
     last_batch_tokens: int
     swap_out_budget_tokens: int
     host_free_blocks: int
-    prefix_caching: bool  # freed full blocks stay hittable, so a discard recomputes only the tail
     # For `min_waste_deferred`: copies under way or queued ahead of new swap-outs (swap-ins still to
     # copy in, swap-outs still to copy out), and N_i, the tokens one iteration moves.
     swap_queue_tokens: int = 0
@@ -232,14 +231,14 @@ def paused_costs(inp: DecisionInput) -> list[PausedCost]:
         remaining = est.remaining_s(v.aug_type, inp.now_s - v.paused_at_s, v.expected_duration_s)
         moved = blocks * inp.block_size
         round_trip = prof.t_swap_out_s(moved) + prof.t_swap_in_s(moved)
-        # With prefix caching, the full blocks of a discarded context stay hittable until reused
-        # (optimistic: under pressure they are reallocated first).
-        cached = ctx // inp.block_size * inp.block_size if inp.prefix_caching else 0
+        # A discard is charged its whole context, prefix cache or not (`infercept-apc`): its freed blocks
+        # stay hittable only until reused, and under the memory pressure that makes a discard worth
+        # choosing they are reused first; counting them would make every discard look nearly free.
         costs.append(PausedCost(
             request_id=v.request_id,
             context_blocks=blocks,
             waste_preserve=waste_preserve_byte_s(remaining, ctx, prof.kv_bytes_per_token),
-            waste_discard=waste_chunked_discard_byte_s(prof, ctx, inp.running_tokens, chunk, cached),
+            waste_discard=waste_chunked_discard_byte_s(prof, ctx, inp.running_tokens, chunk),
             swap_worthwhile=remaining > round_trip + prof.t_fwd_s(max(1, inp.last_batch_tokens)),
             remaining_s=remaining,
             round_trip_s=round_trip,

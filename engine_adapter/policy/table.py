@@ -20,10 +20,15 @@ the README's table read the names, summaries and flags from this table.
 | infercept-admit   | kept             | per iteration: swap / discard / keep       | new arrival (back) | off          | <= S       |
 | infercept-prefetch| kept             | infercept; swapped KV fetched back early   | original arrival   | off          | <= S       |
 | infercept-slack   | kept             | infercept-admit, decided once memory is short | new arrival (back) | off       | <= S       |
+| infercept-apc     | kept             | infercept-admit; a resume reuses cached blocks | new arrival (back) | on        | <= S       |
 
 "budget" is the engine's per-iteration token budget (`max_num_batched_tokens`, the same for every policy
 in a benchmark); "<= S" caps iterations at the profile's saturation point S within that budget, so that
 recomputation proceeds in S-sized chunks (a no-op when the budget already is S).
+
+With prefix caching on, a swapped or discarded context's blocks keep their hashes once freed: its
+resume (and a preempted request's recompute) takes the blocks the device still holds and loads or
+recomputes only the rest (`InterceptCore.load_allocated` skips the hits).
 
 `vllm-offload` is vLLM's own host KV tier (its `OffloadingConnector`, generated tokens stored too): every
 full block computed is also copied to a host buffer of `swap_space_gib`, found again by its prefix-cache
@@ -66,7 +71,7 @@ class PolicySpec:
     summary: str  # one line: CLI help and the README's policy table
     at_pause: Action
     keep_arrival_time: bool = True  # the resume keeps its place in the FCFS queue
-    prefix_caching: bool = False  # freed blocks stay hittable (only today's vLLM: otherwise discards would be flattered)
+    prefix_caching: bool = False  # freed blocks stay hittable (vLLM's prefix cache: today's vLLM, and infercept-apc)
     ttl: bool = False  # preserved KV is freed once its time-to-live has passed
     # The time-to-live is chosen at each pause from the tool's observed durations (`continuum_ttl_s`)
     # instead of read from the engine's per-type table (`engine.ttl_s`).
@@ -106,10 +111,6 @@ class PolicySpec:
             raise ValueError(f"policy {self.name}: an online time-to-live needs ttl=True")
         if self.host_tier and (self.swap or not self.prefix_caching):
             raise ValueError(f"policy {self.name}: the host tier needs prefix caching and excludes swap (one KV connector)")
-        if self.swap and self.prefix_caching:
-            # A swap-in maps host slot i onto the request's i-th device block (`InterceptCore.load_allocated`);
-            # prefix-cache hits ahead of the loaded tokens would shift that mapping.
-            raise ValueError(f"policy {self.name}: swap and prefix caching together are not supported")
 
 
 DEFAULT_TTL_S: Mapping[str, float] = {
@@ -165,6 +166,12 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
     PolicySpec("infercept-slack", "infercept-admit, but a paused context stays in place, undecided, while the device has blocks to spare (nothing waits for blocks, and the free ones cover what the running batch grows while the kept contexts could still be copied out); once memory is short it is decided as infercept decides",
                Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_slack, chunk_at_saturation=True,
                swap_under_pressure=True, new_first=True, swap_budget_from_step=True),
+    # Issue 33: vLLM's prefix cache under the swap policies. A context swapped out or discarded frees
+    # blocks that keep their hashes until reused; the resume (and vLLM's preemption, which recomputes)
+    # takes those still there and copies or recomputes only the rest, as `vllm-apc` and `vllm-offload` do.
+    PolicySpec("infercept-apc", "infercept-admit with vLLM's prefix cache on: a swapped or discarded context's freed blocks stay cached until reused, and its resume (or a preempted request's recompute) loads or recomputes only the blocks the device lost",
+               Action.PRESERVE, keep_arrival_time=False, swap=True, decide=min_waste_deferred, chunk_at_saturation=True,
+               swap_under_pressure=True, new_first=True, swap_budget_from_step=True, prefix_caching=True),
 )}
 POLICY_NAMES: tuple[str, ...] = tuple(POLICIES)
 

@@ -52,7 +52,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
     assert first_rec.call_duration_s >= 0.4
     assert policy in ("preserve", "discard", "improved-discard", "chunked-discard", "ttl", "vllm-apc", "vllm-offload",
                       "continuum", "swap", "swap-heuristic", "infercept-paper", "infercept", "infercept-admit",
-                      "infercept-prefetch", "infercept-slack"), f"add the expected outcome of {policy}"
+                      "infercept-prefetch", "infercept-slack", "infercept-apc"), f"add the expected outcome of {policy}"
     if policy == "preserve":
         assert first_rec.restored_by == "preserve"
         assert first_rec.tokens_kept == first_rec.context_tokens
@@ -74,12 +74,12 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
         assert first_rec.tokens_prefix_hit == first_rec.context_tokens // block * block
         assert first_rec.restored_by == "partial-prefix-cache"
     elif policy in ("swap", "swap-heuristic", "infercept-paper", "infercept", "infercept-admit", "infercept-prefetch",
-                    "infercept-slack"):
+                    "infercept-slack", "infercept-apc"):
         # With nothing else running the engine does not step during the call, so no copy starts and
         # the KV simply stays (tests/engine/test_swap.py drives real swaps, tests/engine/test_prefetch.py
         # prefetches).
         assert first_rec.restored_by == "preserve" and first_rec.tokens_recomputed == 0
-    if policy in ("discard", "vllm-apc", "vllm-offload", "infercept-admit", "infercept-slack"):
+    if policy in ("discard", "vllm-apc", "vllm-offload", "infercept-admit", "infercept-slack", "infercept-apc"):
         assert first_rec.requeued_arrival_time > first_rec.arrival_time  # back of the queue
     else:
         assert first_rec.requeued_arrival_time == first_rec.arrival_time  # FCFS kept

@@ -20,7 +20,7 @@ PROMPT = (
 )
 
 
-@pytest.mark.policies("swap", "infercept", "infercept-prefetch")  # the policies that swap at a pause
+@pytest.mark.policies("swap", "infercept", "infercept-prefetch", "infercept-apc")  # the policies that swap at a pause
 async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -> None:
     engine = policy_engine
     prompt = engine.encode(PROMPT)
@@ -68,6 +68,41 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
         assert mv["out"] + mv["in"] <= max(bud["limit"], 2 * block)
     for s in (a, b, c):
         await s.close()
+    counts = await wait_all_free(engine)
+    assert counts.free == counts.total and counts.host_tokens == 0, counts
+
+
+@pytest.mark.policies("infercept-apc")
+async def test_a_resume_takes_the_blocks_still_cached_and_loads_only_the_rest(policy_engine: InterceptEngine) -> None:
+    """With vLLM's prefix cache on, a swapped context's freed blocks keep their hashes: another session
+    takes only some of them (a freed request's last blocks are reused first), and the resume hits the
+    first ones on the device and loads the rest from the host, continuing exactly as a fresh request."""
+    engine = policy_engine
+    prompt = engine.encode(PROMPT)
+    a = engine.open_session()
+    first = await run_turn(a, prompt, max_tokens=12)
+    block = (await engine.stats()).block_size
+    context = len(prompt) + 11
+    a_blocks = -(-context // block)
+    assert a_blocks >= 3, "the context must span a hit and a load"
+
+    # B needs every block but two of A's: under pressure A is swapped out, its blocks freed into the
+    # prefix cache, and B takes the never-used ones, then A's last two.
+    usable = TINY_KV_BLOCKS - 1
+    b = engine.open_session()
+    await run_turn(b, [1000 + i % 500 for i in range(((usable - a_blocks) + 2) * block - 8)], max_tokens=4)
+    [rec] = await engine.intercepts(a.id)
+    assert rec.kv_fate == "swap", rec
+    await b.close()
+
+    appended = engine.encode("\nObservation: the door is locked.\n")
+    resumed = await run_turn(a, appended, max_tokens=10)
+    assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 10)
+    [rec] = [r for r in await engine.intercepts(a.id) if r.intercept_id == rec.intercept_id]
+    assert rec.restored_by == "swap" and rec.tokens_recomputed == 0
+    assert rec.tokens_prefix_hit == (a_blocks - 2) * block  # the blocks B did not take
+    assert rec.tokens_swapped_in == context - rec.tokens_prefix_hit
+    await a.close()
     counts = await wait_all_free(engine)
     assert counts.free == counts.total and counts.host_tokens == 0, counts
 

@@ -204,6 +204,54 @@ def test_swap_path_step_by_step_within_budgets() -> None:
     assert core.meter.recomputing == {}
 
 
+def test_a_load_after_prefix_cache_hits_copies_only_the_blocks_the_device_lost() -> None:
+    """With prefix caching (`infercept-apc`) vLLM's lookup finds the request's first blocks still cached
+    before ours runs: the load fills the blocks after them, from the matching host slots."""
+    pool = Pool()
+    core = make("infercept-apc", pool, host_slots=32)
+    pause(core, pool, "a", 5 * BLOCK + 3, now=0.0)
+    e = core.entries["a"]
+    t = 0.01
+    while e.state is not KvState.SWAPPED:  # the policy holds, then swaps: step until the copy is done
+        step(core, pool, t)
+        t += 0.01
+        assert t < 30.0
+    slots = list(e.host.slots)
+    core.resume("a", t, 99.0)
+    step(core, pool, t + 0.01)
+    assert e.state is KvState.LOAD_ARMED
+    assert core.load_lookup("a", 2 * BLOCK) == (3 * BLOCK + 3, True)  # 2 blocks hit
+    core.load_allocated("a", [7, 8, 40, 41, 42, 43], 3 * BLOCK + 3)  # the hits first, as vLLM lists them
+    got = core.step_copies().swap_in
+    while e.state is KvState.LOADING:
+        got += core.step_copies().swap_in
+    assert got == list(zip([40, 41, 42, 43], slots[2:]))
+    core.before_schedule(lambda: idle_view(pool), t + 1.0)
+    core.scheduled([("a", 5 * BLOCK + 3)], 8)
+    rec = core.ledger.records[-1]
+    assert (rec.restored_by, rec.tokens_prefix_hit, rec.tokens_swapped_in, rec.tokens_recomputed) == (
+        RestoredBy.SWAP, 2 * BLOCK, 3 * BLOCK + 3, 0)
+
+
+def test_a_swapped_context_the_prefix_cache_still_holds_whole_is_not_loaded() -> None:
+    pool = Pool()
+    core = make("infercept-apc", pool, host_slots=32)
+    pause(core, pool, "a", 6 * BLOCK, now=0.0)
+    e = core.entries["a"]
+    t = 0.01
+    while e.state is not KvState.SWAPPED:
+        step(core, pool, t)
+        t += 0.01
+        assert t < 30.0
+    core.resume("a", t, 99.0)
+    step(core, pool, t + 0.01)
+    assert core.load_lookup("a", 6 * BLOCK) == (0, False)  # every block hit: nothing to copy
+    core.scheduled([("a", 6 * BLOCK)], 8)
+    rec = core.ledger.records[-1]
+    assert (rec.restored_by, rec.tokens_prefix_hit, rec.tokens_swapped_in) == (RestoredBy.PREFIX_CACHE, 6 * BLOCK, 0)
+    assert e.host is None and core.swap.slots.num_free == 32
+
+
 def test_blocks_released_and_reused_in_the_copying_step_are_copied_first() -> None:
     """A swap-out releases its device blocks in the step that copies its last ones; those the engine
     hands out again in that step are copied before the forward pass writes them, the rest after."""
@@ -706,7 +754,8 @@ def test_infercept_sizes_the_swap_budget_to_the_step_being_built_and_the_paper_t
     bw = PROFILE.swap_in_bytes_per_s / PROFILE.kv_bytes_per_token
     assert limits == {"infercept": int(prof.t_fwd_s(4) * bw), "infercept-paper": int(0.1 * bw)}
     assert [n for n in POLICY_NAMES if policy_spec(n).swap_budget_from_step] == ["infercept", "infercept-admit",
-                                                                                  "infercept-prefetch", "infercept-slack"]
+                                                                                  "infercept-prefetch", "infercept-slack",
+                                                                                  "infercept-apc"]
 
 
 def test_infercept_slack_keeps_paused_kv_in_place_while_blocks_are_spare_and_swaps_once_they_are_not() -> None:

@@ -186,7 +186,7 @@ def decision_input(paused_at_s: float, *, ctx: int = 2000, budget_tokens: int = 
     view = PausedView("r", "ve", context_tokens=ctx, paused_at_s=paused_at_s, expected_duration_s=None)
     return DecisionInput(now_s=1.0, paused=[view], profile=P, estimator=est, block_size=BLOCK, running_tokens=4000,
                          running_requests=8, last_batch_tokens=64, swap_out_budget_tokens=budget_tokens,
-                         host_free_blocks=10_000, prefix_caching=False, swap_queue_tokens=0, swap_limit_tokens=1600)
+                         host_free_blocks=10_000, swap_queue_tokens=0, swap_limit_tokens=1600)
 
 
 def test_a_call_is_held_one_round_trip_before_it_may_be_swapped_or_discarded() -> None:
