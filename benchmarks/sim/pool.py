@@ -4,7 +4,9 @@ today's vLLM) the prefix cache.
 As vLLM's `BlockPool`: allocation takes blocks from the head of the free queue; a freed request's
 blocks go to its tail in reverse order (its last block is reused first, its prefix survives longest);
 with prefix caching a full computed block keeps its hash while free, so the same context asking again
-(a discarded pause's resume, a preempted request) hits it, until the block is reallocated. Contexts
+(a discarded pause's resume, a preempted request) hits it, until the block is reallocated, and a freed
+block without a hash (a partly filled last block) goes to the head instead, to be reused first
+(`BlockPool.free_blocks`: LIFO for uncached blocks, FIFO for cached ones). Contexts
 here are never shared between requests (the workload's prompts are unique), so a block's hash is
 simply (its request, its index)."""
 
@@ -48,8 +50,15 @@ class BlockPool:
         if not self.prefix_caching:
             self._stack.extend(blocks)
             return
+        first = []
         for b in reversed(blocks):
+            if b in self._key_of:
+                self._lru[b] = None
+            else:
+                first.append(b)
+        for b in reversed(first):  # prepended in order: the first of them ends at the head
             self._lru[b] = None
+            self._lru.move_to_end(b, last=False)
 
     # ------------------------------------------------------------------ prefix cache
     def register(self, block: int, key: int) -> None:

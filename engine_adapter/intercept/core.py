@@ -415,12 +415,14 @@ class InterceptCore:
                 continue
             if e.state is KvState.RECOMPUTE_QUEUED:
                 self.ledger.recomputed(e.record, computed)
-            elif e.state is KvState.LOAD_ARMED and self.spec.prefix_caching:
-                # Nothing to load: vLLM's prefix cache held every block the host copy had.
-                self._drop_host(e)
+            elif e.state is KvState.LOAD_ARMED:
+                # Armed, and vLLM asked for nothing: its prefix cache held every block the host copy had
+                # (`infercept-apc`), or it reads no external KV for this request (`skip_reading_prefix_cache`).
+                if e.host is not None:
+                    self._drop_host(e)
                 self.ledger.recomputed(e.record, computed)
             else:
-                if e.host is not None:  # armed but loaded nothing (its tokens were already computed)
+                if e.host is not None:  # loaded, not settled yet: its host slots go back now
                     self._drop_host(e)
                 self.ledger.swapped_in(e.record, computed, prefix_hit=e.load_hit_tokens)
             self.meter.start_recompute(rid, e.record.tokens_recomputed or 0)
@@ -481,7 +483,7 @@ class InterceptCore:
         if len(block_ids) < n or skip < 0:
             raise TransitionError("vLLM allocated fewer blocks than the swapped context needs")
         e.host.to_load = deque(zip(block_ids[skip:n], e.host.slots[skip:]))
-        e.load_hit_tokens = max(0, e.host.tokens - num_external_tokens)
+        e.host.hit_tokens = e.load_hit_tokens = max(0, e.host.tokens - num_external_tokens)
         e.state = KvState.LOADING
         self._moved(e, None)
 

@@ -55,6 +55,7 @@ class HostCopy:
     tokens: int  # context tokens covered (all of them; the last block may be partly filled)
     copied_out: int = 0  # blocks planned for copy-out so far
     to_load: deque[tuple[int, int]] | None = None  # (device block, slot) pairs still to copy in
+    hit_tokens: int = 0  # of `tokens`, those vLLM's prefix cache held at the load (not copied in)
 
     @property
     def out_complete(self) -> bool:
@@ -230,7 +231,7 @@ class SwapPlanner:
                     budget -= 1
                 if not host.to_load:
                     done.append(rid)
-                    self.stats.tokens_in += host.tokens
+                    self.stats.tokens_in += host.tokens - host.hit_tokens
         self.stats.blocks_in += len(swap_in)
         out, self._out = self._out, []
         first = [p for p in out if p[0] in reused] if reused else []

@@ -74,34 +74,47 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
 
 @pytest.mark.policies("infercept-apc")
 async def test_a_resume_takes_the_blocks_still_cached_and_loads_only_the_rest(policy_engine: InterceptEngine) -> None:
-    """With vLLM's prefix cache on, a swapped context's freed blocks keep their hashes: another session
-    takes only some of them (a freed request's last blocks are reused first), and the resume hits the
-    first ones on the device and loads the rest from the host, continuing exactly as a fresh request."""
+    """With vLLM's prefix cache on, a swapped context's freed blocks keep their hashes. Two other sessions
+    then take every block but A's first ones (vLLM reuses a freed partial block first and cached blocks
+    last, a request's tail before its head), and the resume hits those on the device and loads the other
+    blocks from the host, continuing exactly as a fresh request over the same tokens did before any of it."""
     engine = policy_engine
-    prompt = engine.encode(PROMPT)
+    prompt = engine.encode(PROMPT * 3)
     a = engine.open_session()
     first = await run_turn(a, prompt, max_tokens=12)
     block = (await engine.stats()).block_size
     context = len(prompt) + 11
     a_blocks = -(-context // block)
-    assert a_blocks >= 3, "the context must span a hit and a load"
+    assert a_blocks >= 4 and context % block, "the context must span hits and a load, and end mid-block"
+    appended = engine.encode("\nObservation: the door is locked.\n")
+    # The reference now, while A's blocks hold what A computed: afterwards it would read what the load
+    # wrote (its blocks would be cached hits), and check nothing.
+    expected = await fresh_output(engine, prompt + first.token_ids + appended, 10)
 
-    # B needs every block but two of A's: under pressure A is swapped out, its blocks freed into the
-    # prefix cache, and B takes the never-used ones, then A's last two.
+    # B runs beside A, then C needs every block but A's first a_blocks - 2: A is swapped out under the
+    # pressure (not dropped: B is running), its blocks freed into the prefix cache, and C takes the
+    # others and A's partial last block and the full one before it.
     usable = TINY_KV_BLOCKS - 1
-    b = engine.open_session()
-    await run_turn(b, [1000 + i % 500 for i in range(((usable - a_blocks) + 2) * block - 8)], max_tokens=4)
+    b_len, c_len = 15 * block - 8, (usable - 15 - a_blocks + 2) * block - 8
+    b, c = engine.open_session(), engine.open_session()
+    await asyncio.gather(
+        # tokens no other test uses: a block cached by another test would be a hit, not a block taken
+        run_turn(b, [2100 + i % 450 for i in range(b_len)], max_tokens=8),
+        run_turn(c, [2600 + i % 400 for i in range(c_len)], max_tokens=8),
+    )
     [rec] = await engine.intercepts(a.id)
     assert rec.kv_fate == "swap", rec
     await b.close()
+    await c.close()
 
-    appended = engine.encode("\nObservation: the door is locked.\n")
+    blocks_in = (await engine.stats()).swap.blocks_in
     resumed = await run_turn(a, appended, max_tokens=10)
-    assert resumed.token_ids == await fresh_output(engine, prompt + first.token_ids + appended, 10)
+    assert resumed.token_ids == expected
     [rec] = [r for r in await engine.intercepts(a.id) if r.intercept_id == rec.intercept_id]
     assert rec.restored_by == "swap" and rec.tokens_recomputed == 0
-    assert rec.tokens_prefix_hit == (a_blocks - 2) * block  # the blocks B did not take
+    assert rec.tokens_prefix_hit == (a_blocks - 2) * block  # the blocks C did not take
     assert rec.tokens_swapped_in == context - rec.tokens_prefix_hit
+    assert (await engine.stats()).swap.blocks_in == blocks_in + 2  # only those were copied
     await a.close()
     counts = await wait_all_free(engine)
     assert counts.free == counts.total and counts.host_tokens == 0, counts

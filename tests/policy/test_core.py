@@ -226,6 +226,7 @@ def test_a_load_after_prefix_cache_hits_copies_only_the_blocks_the_device_lost()
     while e.state is KvState.LOADING:
         got += core.step_copies().swap_in
     assert got == list(zip([40, 41, 42, 43], slots[2:]))
+    assert core.swap.stats.tokens_in == 3 * BLOCK + 3  # what was copied, not the hits
     core.before_schedule(lambda: idle_view(pool), t + 1.0)
     core.scheduled([("a", 5 * BLOCK + 3)], 8)
     rec = core.ledger.records[-1]
