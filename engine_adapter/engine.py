@@ -370,7 +370,7 @@ def engine_args(cfg: EngineConfig, model_path: str, *, intercept: bool = True) -
             kv_connector=offload_connector.CONNECTOR_NAME,
             kv_connector_module_path=offload_connector.MODULE_PATH,
             kv_role="kv_both",
-            kv_connector_extra_config=offload_connector.extra_config(cfg.swap_space_gib, link),
+            kv_connector_extra_config=offload_connector.extra_config(cfg.swap_space_gib, link, spec.host_tier_eviction),
         )
     extra = dict(scheduler_cls=SCHEDULER_CLS, kv_transfer_config=kv_transfer,
                  additional_config={ADDITIONAL_CONFIG_KEY: cfg.core_config()}) if intercept else {}

@@ -1,5 +1,6 @@
 """vLLM's `OffloadingConnector` as the `vllm-offload` policy runs it: vLLM's scheduler side, hashing and
-LRU host-chunk manager unchanged, our data mover (`host_tier.py`), and two small additions.
+LRU host-chunk manager unchanged (`infercept-offload`: with `host_tier.SessionEndLRU` instead of the LRU),
+our data mover (`host_tier.py`), and two small additions.
 
 * Stores are issued at the step's barrier (`wait_for_save`), not at the next step's start. vLLM defers
   them so that a GPU's copies start after the sampled tokens' transfers; its safety rests on a freed
@@ -44,15 +45,16 @@ CONNECTOR_NAME = "InterceptOffloadingConnector"
 MODULE_PATH = "engine_adapter.offload_connector"
 
 
-def extra_config(swap_space_gib: float, link_bytes_per_s: float | None) -> dict[str, Any]:
+def extra_config(swap_space_gib: float, link_bytes_per_s: float | None, eviction_policy: str = "lru") -> dict[str, Any]:
     """`kv_connector_extra_config` of the host tier: our spec, the swap policies' buffer size and link,
-    vLLM's LRU eviction, and generated tokens stored too (vLLM's default stores only prompts)."""
+    the eviction policy (vLLM's LRU, or `host_tier.SessionEndLRU`), and generated tokens stored too (vLLM's
+    default stores only prompts)."""
     return {
         "spec_name": SPEC_NAME,
         "spec_module_path": SPEC_MODULE_PATH,
         "swap_space_gib": swap_space_gib,
         "link_bytes_per_s": link_bytes_per_s,
-        "eviction_policy": "lru",
+        "eviction_policy": eviction_policy,
         "offload_prompt_only": False,
         "blocks_per_chunk": 1,
     }
@@ -62,7 +64,9 @@ class InterceptOffloadingConnector(OffloadingConnector):
     def __init__(self, vllm_config: VllmConfig, role: KVConnectorRole, kv_cache_config: KVCacheConfig) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         cfg = build_offloading_config(vllm_config, kv_cache_config)
-        self._host_blocks = host_chunks(InterceptHostTierSpec(cfg).swap_space_bytes, cfg.worker_kv_bytes_per_block)
+        spec = InterceptHostTierSpec(cfg)
+        self._host_blocks = host_chunks(spec.swap_space_bytes, cfg.worker_kv_bytes_per_block)
+        self._eviction = spec.eviction_policy
         self._blocks_stored = 0
         self._loads = 0
         self._tokens_loaded = 0
@@ -89,4 +93,4 @@ class InterceptOffloadingConnector(OffloadingConnector):
 
     def host_tier_report(self) -> HostTierReport:
         return HostTierReport(host_blocks=self._host_blocks, blocks_stored=self._blocks_stored,
-                              loads=self._loads, tokens_loaded=self._tokens_loaded)
+                              loads=self._loads, tokens_loaded=self._tokens_loaded, eviction=self._eviction)

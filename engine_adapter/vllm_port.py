@@ -30,7 +30,10 @@ Elsewhere (one function each, below):
 * `KVConnectorBase_V1._vllm_config`: the VllmConfig the connector was built with (`swap_connector.py`:
   the worker checks the KV layout it supports and sizes the host buffer per rank);
 * `GPUModelRunner._sample(logits, spec_decode_metadata)` and `_bookkeeping_sync(...)`, inherited by
-  `CPUModelRunner`: wrapped by the seeded-sampling fix (`vllm_plugin.py`).
+  `CPUModelRunner`: wrapped by the seeded-sampling fix (`vllm_plugin.py`);
+* `LRUCachePolicy.{_ranks, _evictable, _push_evictable, _maybe_compact_heap}` (`vllm/v1/kv_offload/cpu/
+  policies/lru.py`): the host tier's `SessionEndLRU` sets blocks' eviction ranks (`host_tier.py`; vLLM's
+  policy assigns them only as recency, from 0 up).
 """
 
 from __future__ import annotations
@@ -230,3 +233,19 @@ def runner_sampling(cls: type) -> tuple[Callable[..., Any], Callable[..., Any]]:
 def set_runner_sampling(cls: type, sample: Callable[..., Any], bookkeeping_sync: Callable[..., Any]) -> None:
     """Replace them (wrappers that call the originals, with the same signatures)."""
     cls._sample, cls._bookkeeping_sync = sample, bookkeeping_sync  # type: ignore[attr-defined]
+
+
+def lru_set_ranks(policy: Any, keys: Iterable[Any], first_rank: int) -> int:
+    """vLLM 0.32's `LRUCachePolicy`: give the `keys` it holds consecutive eviction ranks from `first_rank`
+    (the lowest is evicted first; vLLM's own count up from 0), queueing the evictable ones under their new
+    rank (the heap entries under the old one turn stale, as on vLLM's own updates). Returns the next rank."""
+    rank = first_rank
+    for key in keys:
+        if key not in policy.chunks:
+            continue
+        policy._ranks[key] = rank
+        rank += 1
+        if key in policy._evictable:
+            policy._push_evictable(key)
+    policy._maybe_compact_heap()
+    return rank

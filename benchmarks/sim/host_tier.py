@@ -14,7 +14,8 @@ worker do:
   through.
 * **Recency.** Nothing is touched on lookup or load; when a request finishes, every block it stored or
   loaded becomes the most recently used, its first block last of all (the LRU policy's
-  `on_request_finished`).
+  `on_request_finished`). With `ended_first` (`infercept-offload`'s `host_tier.SessionEndLRU`) they are
+  evicted first instead: before any other, the earliest finished first, each request's last block first.
 * **Lookup** (`get_num_new_matched_tokens`), when the scan reaches a request that has nothing computed:
   the leading run of its full blocks past the device's prefix-cache hits that the host holds. A request
   with a transfer of its own still in flight (or a block still being stored, which with keys unique to
@@ -54,9 +55,10 @@ class _Load:
 
 class SimHostTier:
     def __init__(self, capacity_blocks: int, block_size: int, block_bytes: int, link_bytes_per_s: float | None,
-                 copy_out_bytes_per_s: float | None, copy_in_bytes_per_s: float | None) -> None:
+                 copy_out_bytes_per_s: float | None, copy_in_bytes_per_s: float | None, ended_first: bool = False) -> None:
         """`copy_*_bytes_per_s`: the worker's copy bandwidths when copies run on the step's cores (a CPU
-        engine), None when they run beside it (a GPU's copy engine)."""
+        engine), None when they run beside it (a GPU's copy engine). `ended_first`: a finished request's
+        blocks are evicted first rather than made the most recently used."""
         if capacity_blocks < 0 or block_size < 1 or block_bytes < 1:
             raise ValueError("the host tier needs a non-negative capacity and positive block sizes")
         self.capacity, self.bs, self.block_bytes = capacity_blocks, block_size, block_bytes
@@ -65,6 +67,8 @@ class SimHostTier:
         self.now = 0.0  # the step being built starts here: what the scheduler knows is done by now
         self._link_free_at = 0.0
         self._keys: OrderedDict[int, float] = OrderedDict()  # key -> when its store is through, least recent first
+        self.ended_first = ended_first
+        self._ended: OrderedDict[int, None] = OrderedDict()  # `ended_first`: finished requests' keys, evicted first, in order
         self._reading: dict[int, int] = {}  # key -> loads reading it (not evictable)
         self._stored_upto: dict[str, int] = {}  # request -> its stored index, in blocks (vLLM's next_stored_chunk_idx)
         self._used_upto: dict[str, int] = {}  # request -> blocks it stored or loaded (its recency update at the end)
@@ -210,7 +214,10 @@ class SimHostTier:
                 self._pending_blocks[b] = done
         for idx in range(self._used_upto.pop(r.rid, 0) - 1, -1, -1):
             if r.key + idx in self._keys:
-                self._keys.move_to_end(r.key + idx)
+                if self.ended_first:
+                    self._ended[r.key + idx] = None
+                else:
+                    self._keys.move_to_end(r.key + idx)
         self._stored_upto.pop(r.rid, None)
         self._busy_until.pop(r.rid, None)
 
@@ -223,7 +230,7 @@ class SimHostTier:
 
     def report(self) -> HostTierReport:
         return HostTierReport(host_blocks=self.capacity, blocks_stored=self.blocks_stored, loads=self.loads,
-                              tokens_loaded=self.tokens_loaded)
+                              tokens_loaded=self.tokens_loaded, eviction="SessionEndLRU" if self.ended_first else "lru")
 
     # ------------------------------------------------------------------ internals
     def _transfer(self, nbytes: int, started: float, copy_s: float) -> float:
@@ -241,7 +248,8 @@ class SimHostTier:
         if short <= 0:
             return True
         victims = []
-        for k, done in self._keys.items():
+        for k in self._eviction_order():
+            done = self._keys[k]
             if done <= self.now and k not in self._reading and k not in protected:
                 victims.append(k)
                 if len(victims) == short:
@@ -250,4 +258,11 @@ class SimHostTier:
             return False
         for k in victims:
             del self._keys[k]
+            self._ended.pop(k, None)
         return True
+
+    def _eviction_order(self) -> Iterable[int]:
+        """Keys in the order they are evicted: finished requests' first (`ended_first`; every one of them is
+        held, as only `_make_room` drops keys), then the least recent first."""
+        yield from self._ended
+        yield from (k for k in self._keys if k not in self._ended) if self._ended else self._keys

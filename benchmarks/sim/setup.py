@@ -25,7 +25,7 @@ from infercept.benchmarks.workload import PRIOR_MODES, write_priors
 from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
-from engine_adapter.policy.table import policy_spec
+from engine_adapter.policy.table import SESSION_END_LRU, policy_spec
 
 
 # Benchmark policies the simulator refuses rather than simulate wrongly, with the reason (none today:
@@ -138,7 +138,8 @@ class SimBench:
         pool = BlockPool(usable, cfg.block_size, spec.prefix_caching)  # type: ignore[arg-type]
         sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len, token_budget=budget)
         if spec.host_tier:
-            sched.host_tier = self.host_tier(host_blocks, cfg.block_size, block_bytes)  # type: ignore[arg-type]
+            sched.host_tier = self.host_tier(host_blocks, cfg.block_size, block_bytes,  # type: ignore[arg-type]
+                                             ended_first=spec.host_tier_eviction == SESSION_END_LRU)
         host_slots = host_blocks if spec.swap else 0
 
         def factory(port: SimScheduler) -> Any:
@@ -154,7 +155,7 @@ class SimBench:
         return eng
 
 
-    def host_tier(self, host_blocks: int, block_size: int, block_bytes: int) -> SimHostTier:
+    def host_tier(self, host_blocks: int, block_size: int, block_bytes: int, ended_first: bool = False) -> SimHostTier:
         """`vllm-offload`'s host tier: the swap policies' buffer and link (the engine gives it the same);
         on a CPU its copies run in the worker at the profile's measured bandwidths, and without an
         emulated link they are all a transfer takes. A GPU copies beside the step, over the profile's
@@ -164,7 +165,7 @@ class SimBench:
             None if on_cores else self.profile.swap_out_bytes_per_s)
         return SimHostTier(host_blocks, block_size, block_bytes, link,
                            self.profile.swap_out_bytes_per_s if on_cores else None,
-                           self.profile.swap_in_bytes_per_s if on_cores else None)
+                           self.profile.swap_in_bytes_per_s if on_cores else None, ended_first=ended_first)
 
 
 def load_profile(path: str | Path) -> Profile:

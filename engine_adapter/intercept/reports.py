@@ -99,12 +99,13 @@ class SwapReport:
 
 @dataclass(frozen=True)
 class HostTierReport:
-    """What vLLM's host KV tier did (policy `vllm-offload`; `offload_connector.py`)."""
+    """What vLLM's host KV tier did (policies `vllm-offload`, `infercept-offload`; `offload_connector.py`)."""
 
     host_blocks: int  # the host buffer, in whole KV blocks
     blocks_stored: int  # blocks copied to the host
     loads: int  # prefix hits served from the host
     tokens_loaded: int  # tokens those loads brought back to the device
+    eviction: str = "lru"  # the host buffer's eviction policy (`policy.table.HOST_TIER_EVICTIONS`)
 
 
 @dataclass(frozen=True)

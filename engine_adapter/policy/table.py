@@ -8,6 +8,7 @@ the README's table read the names, summaries and flags from this table.
 | discard           | freed            |                                            | new arrival (back) | off          | budget     |
 | vllm-apc          | freed            |                                            | new arrival (back) | on           | budget     |
 | vllm-offload      | freed            | its blocks stay in the host tier (LRU)     | new arrival (back) | on           | budget     |
+| infercept-offload | freed            | host tier; ended sessions evicted first    | new arrival (back) | on           | budget     |
 | preserve          | kept             |                                            | original arrival   | off          | budget     |
 | ttl               | kept             | freed after ttl_s[type]                    | original arrival   | off          | budget     |
 | continuum         | kept             | freed after a TTL learned per tool         | original arrival   | on           | budget     |
@@ -63,6 +64,8 @@ class Action(str, Enum):
 
 
 StepDecider = Callable[[DecisionInput], StepDecision]
+SESSION_END_LRU = "SessionEndLRU"  # the host tier's session-aware eviction (`host_tier.SessionEndLRU`)
+HOST_TIER_EVICTIONS = ("lru", SESSION_END_LRU)
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,9 @@ class PolicySpec:
     # the host by its prefix-cache hash, and loaded back on a later prefix hit. It is the engine's KV connector,
     # so not with swap; it finds blocks by hash, so only with prefix caching.
     host_tier: bool = False
+    # The host tier's eviction (`HOST_TIER_EVICTIONS`): vLLM's `lru`, or `SessionEndLRU`, which evicts an
+    # ended session's blocks first where vLLM's LRU makes them the most recently used (`host_tier.py`).
+    host_tier_eviction: str = "lru"
     decide: StepDecider | None = None  # per-iteration decisions over preserved paused requests
     # Cap every iteration at the profile's saturation point S, so that recomputation (and prefill)
     # proceeds in S-sized chunks (paper Sec. 4.3).
@@ -109,6 +115,10 @@ class PolicySpec:
             raise ValueError(f"policy {self.name}: swapping under pressure needs swap=True")
         if self.ttl_online and not self.ttl:
             raise ValueError(f"policy {self.name}: an online time-to-live needs ttl=True")
+        if self.host_tier_eviction not in HOST_TIER_EVICTIONS:
+            raise ValueError(f"policy {self.name}: unknown host tier eviction {self.host_tier_eviction!r}")
+        if self.host_tier_eviction != "lru" and not self.host_tier:
+            raise ValueError(f"policy {self.name}: a host tier eviction policy needs host_tier=True")
         if self.host_tier and (self.swap or not self.prefix_caching):
             raise ValueError(f"policy {self.name}: the host tier needs prefix caching and excludes swap (one KV connector)")
 
@@ -132,6 +142,10 @@ POLICIES: dict[str, PolicySpec] = {p.name: p for p in (
                Action.DISCARD, keep_arrival_time=False, prefix_caching=True),
     PolicySpec("vllm-offload", "vllm-apc with vLLM's host KV tier: every computed block is also stored to host memory (swap_space_gib, LRU) and loaded back on a prefix hit the device cache lost",
                Action.DISCARD, keep_arrival_time=False, prefix_caching=True, host_tier=True),
+    # Issue 33: at the paper's scale vLLM's LRU keeps ended sessions' contexts over paused ones' and the tier
+    # thrashes (results/sim/paper_offload/); the same tier evicting ended sessions first holds 1.36x the rate.
+    PolicySpec("infercept-offload", "vllm-offload with a host tier that knows agent sessions: an ended session's blocks are evicted first, where vLLM's LRU makes them the most recently used",
+               Action.DISCARD, keep_arrival_time=False, prefix_caching=True, host_tier=True, host_tier_eviction=SESSION_END_LRU),
     PolicySpec("preserve", "keep the KV in the cache during every call", Action.PRESERVE),
     PolicySpec("ttl", "keep the KV for a fixed per-type time-to-live (engine.ttl_s), then free it",
                Action.PRESERVE, ttl=True),

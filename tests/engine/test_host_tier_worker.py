@@ -84,10 +84,10 @@ def test_link_holds_jobs_for_their_bytes_time() -> None:
     assert link.transfer(10**9, clock.t) == clock.t  # unthrottled: done when copied
 
 
-def offloading_config(chunks: int, block_bytes: int) -> OffloadingConfig:
+def offloading_config(chunks: int, block_bytes: int, eviction: str = "lru") -> OffloadingConfig:
     return OffloadingConfig(
         groups=(), worker_kv_bytes_per_block=block_bytes, enable_kv_cache_events=False,
-        extra_config={"swap_space_gib": chunks * block_bytes / 2**30, "eviction_policy": "lru"},
+        extra_config={"swap_space_gib": chunks * block_bytes / 2**30, "eviction_policy": eviction},
         engine_id="e", model=OffloadingModelConfig("m", "float32"),
         cache=OffloadingCacheConfig(tokens_per_hash=32, blocks_per_chunk=1),
         parallel=OffloadingParallelConfig(rank=0, world_size=1, tp_size=1, pp_size=1, pcp_size=1, dcp_size=1,
@@ -117,6 +117,33 @@ def test_lru_manager_never_exceeds_the_host_buffer() -> None:
     assert used == {0, 1, 2}
     assert evicted == [keys[1], keys[2], keys[0]]  # least recently used first
     assert [mgr.lookup(k, ctx).name for k in keys] == ["MISS", "MISS", "MISS", "HIT", "HIT", "HIT"]
+
+
+@pytest.mark.parametrize("eviction", ["lru", "SessionEndLRU"])
+def test_an_ended_sessions_blocks_go_first_under_session_end_lru(eviction: str) -> None:
+    """Sessions a and b store two blocks each; a ends (its one vLLM request finishes); c needs two chunks.
+    vLLM's LRU has just made a's blocks the most recent and evicts b's, the session still paused in a call;
+    `SessionEndLRU` evicts a's, its last block first."""
+    mgr = InterceptHostTierSpec(offloading_config(chunks=4, block_bytes=32 * 1024, eviction=eviction)).get_manager()
+    ctx = {r: ReqContext(r) for r in "abc"}
+    keys = {r: [make_offload_key(bytes([i, j]) * 4, 0) for j in range(2)] for i, r in enumerate("abc")}
+    evicted: list = []
+    for r in "abc":
+        mgr.on_new_request(ctx[r])
+        out = mgr.prepare_store(keys[r], ctx[r])
+        assert out is not None and out.keys_to_store == keys[r]
+        evicted += out.evicted_keys
+        mgr.complete_store(keys[r], ctx[r])
+        if r == "b":
+            mgr.on_request_finished(ctx["a"])
+    gone = "b" if eviction == "lru" else "a"
+    assert evicted == (keys["b"] if eviction == "lru" else keys["a"][::-1])
+    assert {r: [mgr.lookup(k, ctx["c"]).name for k in keys[r]] for r in "ab"}[gone] == ["MISS", "MISS"]
+
+
+def test_unknown_eviction_policies_are_refused_with_the_choices() -> None:
+    with pytest.raises(ValueError, match="unknown eviction_policy 'fifo'; choose one of lru, SessionEndLRU"):
+        InterceptHostTierSpec(offloading_config(chunks=4, block_bytes=1024, eviction="fifo"))
 
 
 def test_spec_refuses_multi_block_chunks() -> None:

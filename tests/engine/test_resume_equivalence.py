@@ -50,7 +50,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
     policy = engine.config.policy
     assert first_rec.policy == policy and first_rec.aug_type == "chat"
     assert first_rec.call_duration_s >= 0.4
-    assert policy in ("preserve", "discard", "improved-discard", "chunked-discard", "ttl", "vllm-apc", "vllm-offload",
+    assert policy in ("preserve", "discard", "improved-discard", "chunked-discard", "ttl", "vllm-apc", "vllm-offload", "infercept-offload",
                       "continuum", "swap", "swap-heuristic", "infercept-paper", "infercept", "infercept-admit",
                       "infercept-prefetch", "infercept-slack", "infercept-apc"), f"add the expected outcome of {policy}"
     if policy == "preserve":
@@ -62,7 +62,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
         assert first_rec.kv_fate == ("ttl-expired" if policy == "ttl" else "discard")
         assert first_rec.restored_by == "recompute"
         assert first_rec.tokens_recomputed == first_rec.context_tokens
-    elif policy in ("vllm-apc", "vllm-offload", "continuum"):
+    elif policy in ("vllm-apc", "vllm-offload", "infercept-offload", "continuum"):
         # Freed blocks stay hittable: every full block of the context comes back from the device's cache
         # (nothing evicted them, so the host tier has nothing to add: tests/engine/test_host_tier.py).
         if policy == "continuum":
@@ -79,7 +79,7 @@ async def test_resume_equals_uninterrupted(policy_engine: InterceptEngine) -> No
         # the KV simply stays (tests/engine/test_swap.py drives real swaps, tests/engine/test_prefetch.py
         # prefetches).
         assert first_rec.restored_by == "preserve" and first_rec.tokens_recomputed == 0
-    if policy in ("discard", "vllm-apc", "vllm-offload", "infercept-admit", "infercept-slack", "infercept-apc"):
+    if policy in ("discard", "vllm-apc", "vllm-offload", "infercept-offload", "infercept-admit", "infercept-slack", "infercept-apc"):
         assert first_rec.requeued_arrival_time > first_rec.arrival_time  # back of the queue
     else:
         assert first_rec.requeued_arrival_time == first_rec.arrival_time  # FCFS kept

@@ -103,7 +103,7 @@ def test_unknown_policy_and_names() -> None:
     assert set(POLICY_NAMES) == set(POLICIES) == {
         "discard", "vllm-apc", "vllm-offload", "preserve", "ttl", "improved-discard", "chunked-discard", "swap", "swap-heuristic",
         "infercept-paper", "infercept", "continuum", "infercept-admit", "infercept-prefetch", "infercept-slack",
-        "infercept-apc"}
+        "infercept-apc", "infercept-offload"}
 
 
 def test_only_infercept_apc_swaps_with_prefix_caching() -> None:

@@ -16,9 +16,9 @@ from infercept.benchmarks.sim.setup import SIMULATED_LABELS
 from tests.sim.helpers import STEP_S, request, toy_bench, toy_profile
 
 
-def tier(capacity: int = 100, link: float | None = 1000.0) -> SimHostTier:
+def tier(capacity: int = 100, link: float | None = 1000.0, ended_first: bool = False) -> SimHostTier:
     # blocks of 4 tokens and 100 bytes: 0.1 s a block over a 1 kB/s link; copies beside the step (GPU)
-    return SimHostTier(capacity, 4, 100, link, None, None)
+    return SimHostTier(capacity, 4, 100, link, None, None, ended_first=ended_first)
 
 
 def test_every_benchmark_policy_is_simulated() -> None:
@@ -100,6 +100,24 @@ def test_a_finished_request_makes_its_blocks_the_most_recent_first_block_last() 
     c.num_computed = c.num_tokens = 4
     t.end_step(t.plan_stores([c]), now=0.0)  # evicts 1000, not a's first block
     assert t.lookup(b, 0) == 0 and t.lookup(a, 0) == 2
+
+
+def test_ended_first_evicts_a_finished_requests_blocks_before_any_other_last_block_first() -> None:
+    """`infercept-offload` (`host_tier.SessionEndLRU` in the engine): the finished request's blocks go
+    first, the earliest finished first, each one's last block before its first."""
+    t = tier(capacity=5, link=None, ended_first=True)
+    a, b, c, d = (request(x, 8, [(1, None, 0)]) for x in "abcd")
+    a.key, b.key, c.key, d.key = 0, 1000, 2000, 3000
+    for r in (a, b):
+        r.num_computed = r.num_tokens = 8
+        t.end_step(t.plan_stores([r]), now=0.0)  # 0, 1, 1000, 1001
+    c.num_computed = c.num_tokens = 4
+    t.end_step(t.plan_stores([c]), now=0.0)  # and 2000: full
+    t.finished(b)
+    t.finished(a)  # ended: 1001, 1000, then 1, 0
+    d.num_computed = d.num_tokens = 12
+    t.end_step(t.plan_stores([d]), now=0.0)  # 3 blocks: 1001, 1000, 1 go
+    assert t.lookup(c, 0) == 1 and t.lookup(a, 0) == 1 and t.lookup(b, 0) == 0 and t.lookup(d, 0) == 3
 
 
 def test_a_store_takes_all_its_blocks_or_none_and_is_offered_again() -> None:
