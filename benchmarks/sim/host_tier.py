@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 from infercept.benchmarks.sim.request import SimRequest
 from engine_adapter.intercept.reports import HostTierReport
+from engine_adapter.policy.table import SESSION_END_LRU
 
 _PENDING = math.inf  # a store prepared in the step being built, its link time not known yet
 
@@ -230,7 +231,7 @@ class SimHostTier:
 
     def report(self) -> HostTierReport:
         return HostTierReport(host_blocks=self.capacity, blocks_stored=self.blocks_stored, loads=self.loads,
-                              tokens_loaded=self.tokens_loaded, eviction="SessionEndLRU" if self.ended_first else "lru")
+                              tokens_loaded=self.tokens_loaded, eviction=SESSION_END_LRU if self.ended_first else "lru")
 
     # ------------------------------------------------------------------ internals
     def _transfer(self, nbytes: int, started: float, copy_s: float) -> float:
