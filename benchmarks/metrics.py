@@ -48,6 +48,9 @@ class Outcome:
     output_tokens: int = 0
     error: str | None = None
     turns: list[Turn] = field(default_factory=list)
+    # (index, sent time) of a turn sent but still without its first token; at the cutoff a resumed one
+    # counts in the resume latency with its lower bound, as a new request's wait counts in the TTFT
+    awaiting: tuple[int, float] | None = None
 
     @property
     def normalized_latency(self) -> float | None:
@@ -121,7 +124,11 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
     # Time to first token of new requests; one that had none by the cutoff counts with its lower bound,
     # so that starving new requests shows in the p99 (the SLO's second rule).
     ttft = [(o.first_token_s if o.first_token_s is not None else cutoff_s) - o.arrival_s for o in outs if not o.error]
-    resume = [t.first_s for o in outs for t in o.turns if t.index > 0]  # a call's return to the next token
+    # A call's return to the next token; a resumed turn still without one at the cutoff counts with its
+    # lower bound, so that starving resumed turns shows in the p99 (the SLO's third rule).
+    resume = [t.first_s for o in outs for t in o.turns if t.index > 0]
+    waiting = [cutoff_s - o.awaiting[1] for o in outs if o.awaiting and o.awaiting[0] > 0 and not o.error]
+    resume += waiting
     span = (max(o.end_s for o in done) - min(o.arrival_s for o in outs)) if done else wall_s  # type: ignore[type-var]
     w0, w1 = stats0["waste"], stats1["waste"]
     waste = {k: {"token_s": w1["by_kind"][k]["token_s"] - w0["by_kind"][k]["token_s"],
@@ -142,7 +149,8 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         # of ~120 and moved by half a second between runs of one point (docs/results.md, "Session 12"),
         # so that the first-token rule can be judged again later, over several seeds' samples pooled.
         "ttft_samples_s": sorted(round(x, 6) for x in ttft),
-        "resume_s": {"median": pct(resume, 0.5), "p90": pct(resume, 0.9), "p99": pct(resume, 0.99), "count": len(resume)},
+        "resume_s": {"median": pct(resume, 0.5), "p90": pct(resume, 0.9), "p99": pct(resume, 0.99), "count": len(resume),
+                     "waiting_at_cutoff": len(waiting)},
         "steady_state": steady_state(outs, cutoff_s),
         "turn_timing": turn_timing(t for o in outs for t in o.turns),
         "throughput_rps": len(done) / span if span > 0 else 0.0,
@@ -211,17 +219,26 @@ def by_type(outs: Sequence[Outcome], cutoff_s: float, t0: Mapping[str, Mapping[s
     return out
 
 
-def meets_slo(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = None) -> bool:
-    """A run is within the SLO when its median normalized latency meets `slo_s` and, where a bound is
+def meets_slo(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = None,
+              resume_slo_s: float | None = None) -> bool:
+    """A run is within the SLO when its median normalized latency meets `slo_s` and, where bounds are
     given, its new requests' p99 time to first token stays under `ttft_slo_s` (so that a policy cannot
-    pass by starving new requests while the ones it admitted run fast)."""
+    pass by starving new requests while the ones it admitted run fast) and its resumed turns' p99 time
+    from the call's return to the next token under `resume_slo_s` (nor by starving resumed turns: a
+    queue that always admits the smallest context first does, docs/findings.md). A run without
+    resumed turns has nothing to judge there."""
     nl = run["normalized_latency_s"]["median"]
     if nl is None or nl > slo_s:
         return False
-    if ttft_slo_s is None:
-        return True
-    p99 = (run.get("ttft_s") or {}).get("p99")
-    return p99 is not None and p99 <= ttft_slo_s
+    if ttft_slo_s is not None:
+        p99 = (run.get("ttft_s") or {}).get("p99")
+        if p99 is None or p99 > ttft_slo_s:
+            return False
+    if resume_slo_s is not None:
+        r99 = (run.get("resume_s") or {}).get("p99")
+        if r99 is not None and r99 > resume_slo_s:
+            return False
+    return True
 
 
 def knee(points: Sequence[tuple[float, bool]]) -> tuple[float, bool]:
@@ -235,28 +252,30 @@ def knee(points: Sequence[tuple[float, bool]]) -> tuple[float, bool]:
     return (max(passing) if passing else 0.0), not failing
 
 
-def max_rate_at_slo(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None) -> tuple[float, bool]:
+def max_rate_at_slo(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None,
+                    resume_slo_s: float | None = None) -> tuple[float, bool]:
     """`knee` over one seed's runs (by rate)."""
-    return knee([(float(r["rate"]), meets_slo(r, slo_s, ttft_slo_s)) for r in runs.values()])
+    return knee([(float(r["rate"]), meets_slo(r, slo_s, ttft_slo_s, resume_slo_s)) for r in runs.values()])
 
 
-def run_at_knee(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None) -> Mapping[str, Any]:
+def run_at_knee(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None = None,
+                resume_slo_s: float | None = None) -> Mapping[str, Any]:
     """The run at the max rate within the SLO (`knee`), or the lowest rate's run where none passed."""
-    best, _ = max_rate_at_slo(runs, slo_s, ttft_slo_s)
-    passing = [r for r in runs.values() if float(r["rate"]) == best and meets_slo(r, slo_s, ttft_slo_s)]
+    best, _ = max_rate_at_slo(runs, slo_s, ttft_slo_s, resume_slo_s)
+    passing = [r for r in runs.values() if float(r["rate"]) == best and meets_slo(r, slo_s, ttft_slo_s, resume_slo_s)]
     return passing[0] if passing else min(runs.values(), key=lambda r: r["rate"])
 
 
 def next_probe(runs: Mapping[str, Mapping[str, Any]], slo_s: float, ttft_slo_s: float | None, rel_tol: float,
-               step: float | None = None) -> float | None:
+               step: float | None = None, resume_slo_s: float | None = None) -> float | None:
     """Bisection: the rate to try next between the knee and the lowest failing rate, or None once they
     are within `rel_tol` of each other. A censored knee (nothing failed) is searched above: `step` over
     the highest rate tried (None: left censored), so that a policy passing the whole grid (the bound,
     most of all) is not reported at the grid's top."""
-    rate, censored = max_rate_at_slo(runs, slo_s, ttft_slo_s)
+    rate, censored = max_rate_at_slo(runs, slo_s, ttft_slo_s, resume_slo_s)
     if censored:
         return round(rate + step, 4) if step else None
-    hi = min(float(r["rate"]) for r in runs.values() if not meets_slo(r, slo_s, ttft_slo_s))
+    hi = min(float(r["rate"]) for r in runs.values() if not meets_slo(r, slo_s, ttft_slo_s, resume_slo_s))
     if hi - rate <= rel_tol * hi:
         return None
     return round((rate + hi) / 2, 4)
@@ -300,7 +319,7 @@ def _ratio_key(ref: str) -> str:
 
 
 def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
-             ttft_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
+             ttft_slo_s: float | None = None, resume_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
     """Per policy: the max rate within the SLO (`meets_slo`) for each seed and its median, min and max over
     seeds; at the highest rate it sustained (median over seeds): waste share, JCT mean/p90, new requests'
     time to first token p50/p99, resume latency p50/p99, goodput, whether the run was steady; and ratios
@@ -309,10 +328,10 @@ def headline(runs: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float,
     per: dict[str, dict[str, Any]] = {}
     knees: dict[str, dict[str, float]] = {}
     for label, by_seed in runs.items():
-        rates = {str(seed): max_rate_at_slo(by_rate, slo_s, ttft_slo_s) for seed, by_rate in by_seed.items()}
+        rates = {str(seed): max_rate_at_slo(by_rate, slo_s, ttft_slo_s, resume_slo_s) for seed, by_rate in by_seed.items()}
         knees[label] = {seed: r for seed, (r, _) in rates.items()}
         values = list(knees[label].values())
-        at_slo = [run_at_knee(by_rate, slo_s, ttft_slo_s) for by_rate in by_seed.values()]
+        at_slo = [run_at_knee(by_rate, slo_s, ttft_slo_s, resume_slo_s) for by_rate in by_seed.values()]
         per[label] = {
             "max_rate_at_slo": statistics.median(values), "max_rate_min": min(values), "max_rate_max": max(values),
             "max_rate_by_seed": dict(knees[label]),
@@ -371,7 +390,7 @@ def _median(xs: Iterable[float | None]) -> float | None:
 
 
 def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any]]], slo_s: float,
-                  ttft_slo_s: float | None = None) -> dict[str, Any] | None:
+                  ttft_slo_s: float | None = None, resume_slo_s: float | None = None) -> dict[str, Any] | None:
     """How much one point moves when measured again: `pairs` are (policy, first, second) runs of the same
     policy, budget, seed and rate (the budget pilot's point and the sweep's). Per pair the median
     normalized latency, the new requests' TTFT p99 and the SLO verdict of each; over the pairs the median
@@ -381,7 +400,8 @@ def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any
 
     def one(run: Mapping[str, Any]) -> dict[str, Any]:
         return {"normalized_latency_median_s": run["normalized_latency_s"]["median"],
-                "ttft_p99_s": (run.get("ttft_s") or {}).get("p99"), "meets_slo": meets_slo(run, slo_s, ttft_slo_s)}
+                "ttft_p99_s": (run.get("ttft_s") or {}).get("p99"),
+                "meets_slo": meets_slo(run, slo_s, ttft_slo_s, resume_slo_s)}
 
     by_policy = {label: {"seed": int(a["seed"]), "rate": float(a["rate"]), "budget": a.get("budget"),
                          "first": one(a), "second": one(b)} for label, a, b in pairs}
@@ -402,6 +422,27 @@ def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any
             "pairs": len(by_policy), "verdicts_differ": sum(p["first"]["meets_slo"] != p["second"]["meets_slo"]
                                                             for p in by_policy.values()),
             **summary, "by_policy": by_policy}
+
+
+def slo_clause(slo: Mapping[str, Any]) -> str:
+    """The first-token rules of a bench.json's `slo`, as the tables' SLO line states them."""
+    out = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""
+    if slo.get("resume_p99_bound_s"):
+        out += f" and resumed turns' p99 wait for their next token <= {slo['resume_p99_bound_s']:.2f} s"
+    return out
+
+
+def judge(results: Mapping[str, Mapping[int, Mapping[str, Any]]], slo_s: float, ttft_slo_s: float | None,
+          resume_slo_s: float | None) -> dict[str, Any]:
+    """What a run's points say under one SLO rule: the headline, the policies beating the bound, and
+    how many runs at the knees were steady (bench.json's fields of those names)."""
+    head = headline(results, slo_s, ttft_slo_s, resume_slo_s)
+    steady = [ok for h in head.values() for ok in h["steady_at_slo_rate"]]
+    return {"headline": head, "bound_violations": bound_violations(head),
+            "steady_state": {"rule": STEADY_RULE, "steady_runs_at_knee": sum(steady), "runs_at_knee": len(steady)}}
+
+
+STEADY_RULE = "last arrival quarter's median normalized latency within 25% of the second's"
 
 
 def bound_violations(head: Mapping[str, Mapping[str, Any]], tolerance: float = 0.05) -> list[str]:

@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, repeatability
+from infercept.benchmarks.metrics import BOUND, judge, repeatability, slo_clause
 from infercept.benchmarks.points import budget_key, reader, repeat_pairs
 
 PEERS = ("discard", "vllm-apc", "vllm-offload", "continuum", "ttl", "preserve", "swap", "infercept-paper")
@@ -73,8 +73,7 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
             f"{_num(h.get('jct_mean_s'), '{:.1f}')} / {_num(h.get('jct_p90_s'), '{:.1f}')} s",
             f"{_num(h.get('goodput_rps'), '{:.2f}')}/s", f"{_num(h.get('waste_share_at_slo_rate'), '{:.1%}')} |"]))
     slo = result["slo"]
-    ttft = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""
-    lines += ["", f"SLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token{ttft}. "
+    lines += ["", f"SLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token{slo_clause(slo)}. "
               "`+`: no rate tried failed (the knee is at least this). Ratios: median vs median over seeds, "
               "[paired bootstrap over seeds]. TTFT, resume, JCT, goodput and waste at each policy's knee, median over seeds.",
               f"Bound violations: {', '.join(result.get('bound_violations') or []) or 'none'}."]
@@ -105,14 +104,69 @@ def with_repeatability(result: dict[str, Any], bench_json: Path) -> dict[str, An
                if label in (result.get("pilot") or {}).get("by_policy", {})}
     pairs = repeat_pairs(reader(points), budgets, int(result["seeds"][0]), result["pilot"]["rates"])
     slo = result["slo"]
-    return result | {"repeatability": repeatability(pairs, slo["slo_normalized_latency_s"], slo.get("ttft_p99_bound_s"))}
+    return result | {"repeatability": repeatability(pairs, slo["slo_normalized_latency_s"], slo.get("ttft_p99_bound_s"),
+                                                    slo.get("resume_p99_bound_s"))}
 
 
-def main(path: str) -> int:
+def rejudge(result: dict[str, Any]) -> dict[str, Any]:
+    """A run judged again from its points by this version's SLO rules: resumed turns' p99 wait for their
+    next token gets the bound new requests' TTFT has, where the run predates that rule. Refining the
+    knees under the old rule probed around its knees: where the new rule moves a knee, it lands on a
+    coarser step (the rates tried are in `rates_tried_by_seed`)."""
+    slo = dict(result["slo"])
+    if "resume_p99_bound_s" not in slo:
+        slo["resume_p99_bound_s"] = slo.get("ttft_p99_bound_s")
+    args = (slo["slo_normalized_latency_s"], slo.get("ttft_p99_bound_s"), slo["resume_p99_bound_s"])
+    out = result | judge(result["results"], *args) | {"slo": slo, "repeatability": None}
+    if result.get("ablation_results"):
+        out["ablation_headline"] = judge(result["ablation_results"], *args)["headline"]
+    return out
+
+
+def interim(out: Path) -> dict[str, Any]:
+    """What a run under way (or stopped) says so far: its sweep points judged by this version's SLO rules
+    against the references measured so far, in bench.json's shape (headline, slo, bound violations,
+    repeatability). A seed whose grid or bisection is unfinished has knees that may still move."""
+    plan = json.loads((out / "plan.json").read_text())
+    points = out / "points"
+    refs = [r for when in ("before", "after") if (r := reader(points)(f"reference__{when}")) is not None]
+    if not refs:
+        raise ValueError(f"{out}: no SLO reference measured yet (points/reference__before.json)")
+    unloaded = min(refs, key=lambda r: r["median_s"])
+    slo_s = float(plan["slo_factor"]) * unloaded["median_s"]
+    factor = plan.get("ttft_factor")
+    bound = factor * unloaded["ttft_p90_s"] if factor and unloaded.get("ttft_p90_s") else None
+    results: dict[str, dict[int, dict[str, Any]]] = {}
+    budgets: dict[str, str] = {}
+    for path in sorted(points.glob("round*__*.json")):
+        _, label, budget, seed, rate = path.stem.split("__")
+        if budgets.setdefault(label, budget) != budget:
+            raise ValueError(f"{out}: {label} has sweep points at two budgets ({budgets[label]}, {budget})")
+        results.setdefault(label, {}).setdefault(int(seed), {})[rate] = json.loads(path.read_text())
+    labels = [x for x in plan["labels"] if x in results]
+    slo = {"slo_factor": plan["slo_factor"], "ttft_factor": factor, "slo_normalized_latency_s": slo_s,
+           "ttft_p99_bound_s": bound, "resume_p99_bound_s": bound, "reference_runs": refs}
+    head = judge({x: results[x] for x in labels}, slo_s, bound, bound)
+    piloted = {x: budgets[x] for x in labels if "@" not in x} if plan.get("tune") else {}
+    pairs = repeat_pairs(reader(points), piloted, int(plan["seeds"][0]), plan.get("pilot_rates") or [])
+    return {"interim": True, "policies": labels, "seeds": plan["seeds"], "slo": slo, **head,
+            "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
+            "repeatability": repeatability(pairs, slo_s, bound, bound), "results": results}
+
+
+def main(path: str, rejudge_points: bool = False) -> int:
     import sys
 
     try:
-        result = with_repeatability(json.loads(Path(path).read_text()), Path(path))
+        if Path(path).is_dir():
+            result = interim(Path(path))
+            points = sum(len(v) for by_seed in result["points"].values() for v in by_seed.values())
+            print(f"Interim: {points} sweep points of {path} so far (the run's bench.json, once written, is the "
+                  "result); judged by this version's rules against the references measured so far.\n")
+            print(markdown_table(result))
+            return 0
+        doc = json.loads(Path(path).read_text())
+        result = with_repeatability(rejudge(doc) if rejudge_points else doc, Path(path))
         table = markdown_table(result)
     except (OSError, ValueError, TypeError, AttributeError) as e:
         print(f"error: {path}: {e}", file=sys.stderr)

@@ -12,8 +12,9 @@
   (`bound_violations`).
 * **The SLO** comes from the bound's engine running requests one at a time with zero-time calls, before
   the first policy and after the last (the faster kept). A rate is within the SLO when the median
-  normalized latency is within `--slo-factor` x that reference **and** new requests' p99 time to first
-  token is within `--ttft-factor` x its unloaded p90 (so that starving new requests cannot pass).
+  normalized latency is within `--slo-factor` x that reference **and** the p99 of new requests' time to
+  first token, and of resumed turns' wait from the call's return to their next token, are each within
+  `--ttft-factor` x the unloaded TTFT p90 (so that starving new requests or resumed turns cannot pass).
 * **Knees by bisection.** Each seed runs the rate grid, then `--refine` rounds that probe each policy
   halfway between its highest passing and lowest failing rate; its max rate is the highest passing rate
   below the lowest failing one (no interpolation). Within a seed, the policies of every round run in a
@@ -43,12 +44,12 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, bound_violations, headline, next_probe, repeatability
+from infercept.benchmarks.metrics import BOUND, headline, judge, next_probe, repeatability, slo_clause
 from infercept.benchmarks.points import PointStore, budget_key, repeat_pairs
 from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
 from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
@@ -286,7 +287,8 @@ async def prepare(plan: Plan) -> Workloads:
 async def sweep(b: Bench, labels: Sequence[str], budgets: dict[str, int | None], slo_s: float, ttft_slo_s: float | None,
                 order: dict[str, list[list[str]]]) -> dict[str, dict[int, dict[str, Any]]]:
     """results[label][seed][rate]: per seed, the grid for every policy, then bisection rounds; the
-    policies of each round in a shuffled order."""
+    policies of each round in a shuffled order. `ttft_slo_s` bounds both first tokens' p99, a new
+    request's and a resumed turn's (`first_token_bound`)."""
     p = b.plan
     results: dict[str, dict[int, dict[str, Any]]] = {label: {} for label in labels}
     for seed in p.seeds:
@@ -300,7 +302,7 @@ async def sweep(b: Bench, labels: Sequence[str], budgets: dict[str, int | None],
                 if rnd == 0:
                     rates: list[float] = list(p.rates)
                 else:
-                    probe = next_probe(have, slo_s, ttft_slo_s, p.rel_tol, p.extend_step)
+                    probe = next_probe(have, slo_s, ttft_slo_s, p.rel_tol, p.extend_step, resume_slo_s=ttft_slo_s)
                     if probe is None:
                         continue
                     rates = [probe]
@@ -354,20 +356,19 @@ async def bench(plan: Plan) -> dict[str, Any]:
         # 3. The sweep, judged as it goes by the first reference (the final SLO may be a little tighter).
         ref0 = reference[0]
         slo0 = plan.slo_factor * ref0["median_s"]
-        ttft0 = plan.ttft_factor * ref0["ttft_p90_s"] if plan.ttft_factor and ref0.get("ttft_p90_s") else None
+        ttft0 = first_token_bound(plan.ttft_factor, ref0)
         results = await sweep(b, labels, budgets, slo0, ttft0, order)
         abl = await sweep(b, ablation, {x: None for x in ablation}, slo0, ttft0, {}) if ablation else {}
         reference.append(await b.reference("after"))
     unloaded = min(reference, key=lambda r: r["median_s"])
     slo_s = plan.slo_factor * unloaded["median_s"]
-    ttft_slo_s = plan.ttft_factor * unloaded["ttft_p90_s"] if plan.ttft_factor and unloaded.get("ttft_p90_s") else None
-    head = headline(results, slo_s, ttft_slo_s)
+    ttft_slo_s = first_token_bound(plan.ttft_factor, unloaded)
+    judged = judge(results, slo_s, ttft_slo_s, ttft_slo_s)
+    head, violations = judged["headline"], judged["bound_violations"]
     pairs = repeat_pairs(b.store.get, {x: budget_key(budgets[x]) for x in piloted}, plan.seeds[0], plan.pilot_rates)
-    violations = bound_violations(head)
     for label in violations:
         print(f"warning: {label} beats the bound {BOUND} by more than 5% ({head[label]['max_rate_at_slo']:.2f} vs "
               f"{head[BOUND]['max_rate_at_slo']:.2f} req/s): the benchmark is wrong, not the policy", file=sys.stderr)
-    steady = [ok for h in head.values() for ok in h["steady_at_slo_rate"]]
     # Read from the points, not this process: a resumed run measured some of them in an earlier one.
     points = [r for by_seed in results.values() for by_rate in by_seed.values() for r in by_rate.values()]
     made = {k: b.workloads[k] for k in sorted({(int(r["seed"]), float(r["rate"])) for r in points})}
@@ -385,8 +386,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
         "priors": {"run": s.priors, "rows": {x: variant(x).priors for x in labels if "@" in x},
                    "generic_s": "GENERIC_PRIOR_S x time_scale for every type", "files": sorted(f"priors-{m}.yaml" for m in PRIOR_MODES)},
         "order": order, "refine": {"rounds": plan.refine, "rel_tol": plan.rel_tol},
-        "steady_state": {"rule": "last arrival quarter's median normalized latency within 25% of the second's",
-                         "steady_runs_at_knee": sum(steady), "runs_at_knee": len(steady)},
+        "steady_state": judged["steady_state"],
         "setting": asdict(s) | {"profile_data": profile_doc(s)},
         "requests_per_rate": {f"{seed}/{rate:g}": len(w) for (seed, rate), w in made.items()},
         "request_mix": {f"{seed}/{rate:g}": {t: sum(1 for q in w if q.aug_type == t) for t in WORKLOADS[plan.workload]}
@@ -398,12 +398,13 @@ async def bench(plan: Plan) -> dict[str, Any]:
                              "measured before the first policy and after the last, the faster kept",
                 "unloaded_normalized_latency_s": unloaded["median_s"], "slo_normalized_latency_s": slo_s,
                 "unloaded_ttft_p90_s": unloaded.get("ttft_p90_s"), "ttft_p99_bound_s": ttft_slo_s,
-                "reference_runs": reference},
-        "headline": head, "bound_violations": violations, "repeatability": repeatability(pairs, slo_s, ttft_slo_s),
+                "resume_p99_bound_s": ttft_slo_s, "reference_runs": reference},
+        "headline": head, "bound_violations": violations, "repeatability": repeatability(pairs, slo_s, ttft_slo_s, ttft_slo_s),
         "results": results,
     }
     if abl:
-        result |= {"ablation_headline": headline(abl, slo_s, ttft_slo_s), "ablation_results": abl, "ablation_token_budget": "vllm-default"}
+        result |= {"ablation_headline": headline(abl, slo_s, ttft_slo_s, ttft_slo_s), "ablation_results": abl,
+                   "ablation_token_budget": "vllm-default"}
     from infercept.benchmarks.plots import plots
 
     result["plots"] = plots(result, plan.out)
@@ -411,9 +412,16 @@ async def bench(plan: Plan) -> dict[str, Any]:
     return result
 
 
+def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) -> float | None:
+    """The SLO's bound on the p99 of a first token, a new request's and a resumed turn's alike: `ttft_factor`
+    x the unloaded reference's TTFT p90 (None: no such rule). One bound for both, since each is the wait
+    for a context to be (re)admitted and its next token computed."""
+    return ttft_factor * unloaded["ttft_p90_s"] if ttft_factor and unloaded.get("ttft_p90_s") else None
+
+
 def print_table(result: dict[str, Any]) -> None:
     slo = result["slo"]
-    ttft = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""
+    ttft = slo_clause(slo)
     print(f"\nSLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms/token{ttft} "
           f"({slo['slo_factor']:g}x the {slo['reference']})")
     refs = [x for x in ("discard", "vllm-apc", "continuum", BOUND) if x in result["headline"]]

@@ -168,11 +168,15 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--model", help="default: tiny (see benchmarks/runner.py for why)")
     bench.add_argument("--slo-factor", type=float, default=5.0)
     bench.add_argument("--ttft-factor", type=float, default=10.0,
-                       help="a rate passes only if new requests' p99 time to first token is within this x its unloaded p90 (0: off)")
+                       help="a rate passes only if new requests' p99 time to first token, and resumed turns' p99 wait "
+                       "for their next token, are within this x the unloaded TTFT p90 (0: off)")
     bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
     bench.add_argument("--out", default="results/bench")
     bench.add_argument("--report", metavar="BENCH_JSON", help="print a finished run's headline as the docs' markdown "
-                       "table (best peer picked from the data) and exit; measures nothing")
+                       "table (best peer picked from the data) and exit; measures nothing. Given a run's --out folder: "
+                       "what its points say so far (a run under way or stopped)")
+    bench.add_argument("--rejudge", action="store_true", help="with --report: judge the run's points by this version's "
+                       "SLO rules (a run made before resumed turns were bounded gets the bound its TTFT rule had)")
     bench.set_defaults(func=_cmd_bench)
 
     load = sub.add_parser("loadtest", help="reliability under load and faults: concurrent sessions, disconnects, "
@@ -215,7 +219,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.report:
         from infercept.benchmarks.report import main as report_main
 
-        return report_main(args.report)
+        return report_main(args.report, rejudge_points=args.rejudge)
+    if args.rejudge:
+        print("error: --rejudge goes with --report BENCH_JSON", file=sys.stderr)
+        return 2
     from infercept.benchmarks.runner import main as bench_main
 
     return bench_main(args)

@@ -20,14 +20,15 @@ def points(runs: Mapping[str, Mapping[str, Any]]) -> list[tuple[float, float | N
     return [(float(r["rate"]), r["normalized_latency_s"]["median"]) for r in runs.values()]
 
 
-def headline(runs: Runs, slo_s: float, ttft_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
+def headline(runs: Runs, slo_s: float, ttft_slo_s: float | None = None,
+             resume_slo_s: float | None = None) -> dict[str, dict[str, Any]]:
     """bench.json's headline over `runs[policy][seed][rate]` at one SLO, plus the true-stall waste share."""
-    head = bench_headline(runs, slo_s, ttft_slo_s)
+    head = bench_headline(runs, slo_s, ttft_slo_s, resume_slo_s)
     for label, by_seed in runs.items():
-        # at the run headline() reads its other numbers from: the knee by the same rule, TTFT included
-        knee_runs = [run_at_knee(r, slo_s, ttft_slo_s) for r in by_seed.values()]
+        # at the run headline() reads its other numbers from: the knee by the same rule, first tokens included
+        knee_runs = [run_at_knee(r, slo_s, ttft_slo_s, resume_slo_s) for r in by_seed.values()]
         xs = [best["waste_share_true_stall"] for best in knee_runs
-              if meets_slo(best, slo_s, ttft_slo_s) and best.get("waste_share_true_stall") is not None]
+              if meets_slo(best, slo_s, ttft_slo_s, resume_slo_s) and best.get("waste_share_true_stall") is not None]
         head[label]["waste_share_at_slo_rate_true_stall"] = statistics.median(xs) if xs else None
     return head
 

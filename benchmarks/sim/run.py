@@ -30,6 +30,8 @@ def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
     o.call_s, o.output_tokens = r.call_s, r.output_tokens
     o.turns = [Turn(index, r.aug_type, k, n_in, n_out, sent - t0, first - sent, end - sent)
                for k, n_in, n_out, sent, first, end in r.turn_log]
+    if r.end_s is None and r.turn_first_s is None:  # sent (the first turn: arrived) and no token yet
+        o.awaiting = (r.turn, t0 + r.turn_sent_s)
     return o
 
 

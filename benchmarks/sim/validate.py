@@ -281,13 +281,16 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
     ttft_slo = bj["slo"].get("ttft_p99_bound_s")
+    resume_slo = bj["slo"].get("resume_p99_bound_s")  # None for a run made before resumed turns were bounded
     # Every rate the bench tried (its bisection probes each policy and seed at rates of its own): the
     # simulator runs them all, so that both knees are found on the same points.
     tried = sorted({float(r["rate"]) for lab in labels for runs in (bj["results"].get(lab) or {}).values() for r in runs.values()}
                    | {float(r) for r in bj["rates"]})
     res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
-                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, sharegpt_model=sharegpt, verbose=verbose)
-    own = headline(res["results"], res["slo"]["slo_normalized_latency_s"], res["slo"]["ttft_p99_bound_s"])
+                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo,
+                sharegpt_model=sharegpt, verbose=verbose)
+    own = headline(res["results"], res["slo"]["slo_normalized_latency_s"], res["slo"]["ttft_p99_bound_s"],
+                   res["slo"]["resume_p99_bound_s"])
     out_pol: dict[str, Any] = {}
     per_rate: dict[str, Any] = {}
     for lab in labels:
@@ -424,8 +427,9 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
     ttft_slo = bj["slo"].get("ttft_p99_bound_s")
+    resume_slo = bj["slo"].get("resume_p99_bound_s")  # None for a run made before resumed turns were bounded
     res = sweep(sb, list(labels), list(rates), float(duration_s or bj["duration_s"]), list(seeds), workload=bj["workload"],
-                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, sharegpt_model=sharegpt,
+                slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo, sharegpt_model=sharegpt,
                 verbose=verbose)
     per_rate = {lab: {str(seed): {f"{float(r['rate']):g}": {
         "median_normalized_latency_s": r["normalized_latency_s"]["median"],
@@ -434,7 +438,8 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
         "waste_share_of_capacity_time": r.get("waste_share_of_capacity_time")} for r in runs.values()}
         for seed, runs in res["results"][lab].items()} for lab in labels}
     return {"bench": str(bench_path), "bench_sha256": hashlib.sha256(Path(bench_path).read_bytes()).hexdigest(),
-            "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo},
+            "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo,
+                                                                      "resume_p99_bound_s": resume_slo},
             "cost_model": {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
                            **fitted.fits()},
             "rates": list(rates), "seeds": list(seeds), "duration_s": float(duration_s or bj["duration_s"]),
@@ -444,7 +449,8 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
 def print_like(v: Mapping[str, Any]) -> None:
     slo = v["slo"]
     print(f"judged at the bench's SLO: median normalized latency <= {slo['slo_normalized_latency_s'] * 1000:.2f} ms, "
-          f"new requests' p99 time to first token <= {slo['ttft_p99_bound_s']} s")
+          f"new requests' p99 time to first token <= {slo['ttft_p99_bound_s']} s, "
+          f"resumed turns' p99 wait for their next token <= {slo.get('resume_p99_bound_s')} s")
     for lab, h in v["headline"].items():
         by_seed = ", ".join(f"{x:g}" for x in h["max_rate_by_seed"].values())
         print(f"{lab:18s} max rate {h['max_rate_at_slo']:.2f}{'+' if h.get('censored') else ' '} (per seed {by_seed})")

@@ -51,9 +51,11 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     assert [r["when"] for r in refs] == ["before", "after"] and all(r["requests"] > 0 for r in refs)
     assert d["slo"]["unloaded_normalized_latency_s"] == min(r["median_s"] for r in refs)
     assert d["slo"]["slo_normalized_latency_s"] == d["slo"]["slo_factor"] * d["slo"]["unloaded_normalized_latency_s"]
-    # The second rule: new requests' p99 time to first token within 10x its unloaded p90.
+    # The other rules: new requests' p99 time to first token within 10x its unloaded p90, and resumed
+    # turns' p99 wait for their next token within the same bound.
     best = min(refs, key=lambda r: r["median_s"])
     assert d["slo"]["ttft_p99_bound_s"] == pytest.approx(10 * best["ttft_p90_s"]) and best["ttft_p90_s"] > 0
+    assert d["slo"]["resume_p99_bound_s"] == d["slo"]["ttft_p99_bound_s"]
     # No oracle: every estimator starts from the generic priors, written where the engines read them.
     assert d["priors"]["run"] == "generic" and d["setting"]["priors"] == "generic"
     generic = yaml.safe_load((tmp_path / "priors-generic.yaml").read_text())["types"]

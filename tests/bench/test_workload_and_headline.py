@@ -14,6 +14,7 @@ from infercept.benchmarks.metrics import (
     bound_violations,
     headline,
     knee,
+    max_rate_at_slo,
     meets_slo,
     next_probe,
     repeatability,
@@ -80,6 +81,19 @@ def test_slo_needs_latency_and_new_requests_first_token() -> None:
     assert meets_slo(run(1, 0.04, ttft_p99=2.0), 0.05)  # no first-token bound given
     assert not meets_slo(run(1, 0.04, ttft_p99=2.0), 0.05, ttft_slo_s=1.0)  # starving new requests fails
     assert meets_slo(run(1, 0.04, ttft_p99=0.5), 0.05, ttft_slo_s=1.0)
+
+
+def test_slo_bounds_resumed_turns_wait_as_well() -> None:
+    slow = run(1, 0.04, ttft_p99=0.5, resume_s={"median": 0.1, "p99": 3.0, "count": 40})
+    assert meets_slo(slow, 0.05, ttft_slo_s=1.0)  # no resume bound given: the older rule
+    assert not meets_slo(slow, 0.05, ttft_slo_s=1.0, resume_slo_s=1.0)  # starving resumed turns fails
+    assert meets_slo(run(1, 0.04, resume_s={"median": 0.1, "p99": 0.9, "count": 40}), 0.05, 1.0, 1.0)
+    assert meets_slo(run(1, 0.04, resume_s={"median": None, "p99": None, "count": 0}), 0.05, 1.0, 1.0)  # no calls
+    # The bisection and the knee judge by the same rule: 2 req/s fails on its resumed turns alone.
+    runs = {"1": run(1, 0.01), "2": run(2, 0.01, resume_s={"p99": 2.0}), "4": run(4, 0.09)}
+    assert max_rate_at_slo(runs, 0.05, 1.0) == (2, False) and max_rate_at_slo(runs, 0.05, 1.0, 1.0) == (1, False)
+    assert next_probe(runs, 0.05, 1.0, rel_tol=0.1) == 3 and next_probe(runs, 0.05, 1.0, rel_tol=0.1, resume_slo_s=1.0) == 1.5
+    assert headline({"p": {1: runs}}, 0.05, 1.0, 1.0)["p"]["max_rate_by_seed"] == {"1": 1}
 
 
 def test_bisection_probes_between_the_knee_and_the_first_failure() -> None:
@@ -187,6 +201,13 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     wait = summarize(outs, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)["new_request_wait"]
     assert wait["admitted"] == 8 and wait["request_s"] == {"slots": 4.0, "budget": 2.0, "blocks": 0.0, "behind_resumed": 1.0}
     assert wait["mean_s"]["slots"] == pytest.approx(0.5) and wait["mean_s"]["behind_resumed"] == pytest.approx(1 / 8)
+    # A resumed turn still waiting for its next token at the cutoff counts with its lower bound; a first turn
+    # waiting counts in the TTFT instead, and a failed request's in neither.
+    outs[1].awaiting, outs[2].awaiting = (2, 4.5), (1, 5.0)
+    late = summarize(outs + [Outcome(3, "qa", 5.5, awaiting=(0, 5.5))], stats0, stats1, wall_s=10.0, cutoff_s=6.0,
+                     capacity_tokens=1000)
+    assert late["resume_s"]["count"] == 1 and late["resume_s"]["waiting_at_cutoff"] == 1
+    assert late["resume_s"]["median"] == pytest.approx(1.5) and late["ttft_samples_s"] == [0.5, 5.0, 6.0]
 
 
 def test_turn_timing_splits_admission_resume_and_decode() -> None:
@@ -262,7 +283,7 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     from pathlib import Path
 
     from infercept.benchmarks.replay import REPO
-    from infercept.benchmarks.report import PEERS, best_peer, markdown_table, with_repeatability
+    from infercept.benchmarks.report import PEERS, best_peer, markdown_table, rejudge, with_repeatability
 
     path = REPO / "results/bench/mixed/bench.json"
     result = json.loads(path.read_text())
@@ -280,6 +301,15 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
     exe = Path(sys.executable).parent / "infercept"
     ok = subprocess.run([str(exe), "bench", "--report", str(path)], capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0 and ok.stdout.strip() == markdown_table(with_repeatability(result, path))
+    # That run predates the bound on resumed turns: judged again by today's rules from its points, every
+    # knee stays or drops (a stricter rule), and the table states the rule it judged by.
+    again = rejudge(result)
+    assert "resume_p99_bound_s" not in result["slo"] and again["slo"]["resume_p99_bound_s"] == result["slo"]["ttft_p99_bound_s"]
+    assert all(again["headline"][x]["max_rate_by_seed"][sd] <= v for x, h in head.items() for sd, v in h["max_rate_by_seed"].items())
+    assert any(again["headline"][x]["max_rate_at_slo"] < h["max_rate_at_slo"] for x, h in head.items())
+    ok = subprocess.run([str(exe), "bench", "--report", str(path), "--rejudge"], capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and ok.stdout.strip() == markdown_table(with_repeatability(again, path))
+    assert "resumed turns' p99 wait for their next token <= " in ok.stdout
     bad = tmp_path / "bench.json"
     bad.write_text(json.dumps({"seeds": [1]}))
     refused = subprocess.run([str(exe), "bench", "--report", str(bad)], capture_output=True, text=True, timeout=120)
@@ -340,3 +370,40 @@ def test_repeatability_pairs_the_pilots_point_with_the_sweeps_and_says_how_far_t
     assert got == json.loads(json.dumps(rep))
     text = markdown_table({**result, "repeatability": got, "headline": {}, "bound_violations": []})
     assert "Repeatability" in text and "the SLO verdict differs in 1 of 2" in text
+
+
+def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    from infercept.benchmarks.report import interim, main
+
+    (tmp_path / "points").mkdir()
+    (tmp_path / "plan.json").write_text(json.dumps({"slo_factor": 5.0, "ttft_factor": 10.0, "seeds": [1, 2], "tune": False,
+                                                    "labels": ["vllm-apc", "infercept", BOUND]}))
+    assert main(str(tmp_path)) == 2 and "no SLO reference measured yet" in capsys.readouterr().err
+
+    def put(key: str, doc: dict) -> None:
+        (tmp_path / "points" / f"{key}.json").write_text(json.dumps(doc))
+
+    put("reference__before", {"median_s": 0.01, "ttft_p90_s": 0.05})  # the SLO: 50 ms/token, first tokens 0.5 s
+    resumes = {"median": 0.1, "p99": 0.2, "count": 30}
+    for seed in (1, 2):
+        for rate, nl in ((2, 0.02), (4, 0.04), (6, 0.09)):
+            put(f"round0__vllm-apc__1024__{seed}__{rate}", run(rate, nl, resume_s=resumes, seed=seed))
+            put(f"round0__{BOUND}__512__{seed}__{rate}", run(rate, nl / 2, resume_s=resumes, seed=seed))
+    # infercept: seed 1 only so far; at 4 req/s its resumed turns wait 0.9 s at the p99 (over the 0.5 s bound)
+    put("round0__infercept__512__1__2", run(2, 0.02, resume_s=resumes))
+    put("round0__infercept__512__1__4", run(4, 0.03, resume_s={"median": 0.1, "p99": 0.9, "count": 30}))
+    put("pilot__infercept__512__1__4", run(4, 0.01))  # a pilot point is not a sweep point
+    got = interim(tmp_path)
+    assert got["policies"] == ["vllm-apc", "infercept", BOUND] and got["points"]["infercept"] == {"1": [2.0, 4.0]}
+    assert got["slo"]["resume_p99_bound_s"] == got["slo"]["ttft_p99_bound_s"] == pytest.approx(0.5)
+    assert got["headline"]["vllm-apc"]["max_rate_by_seed"] == {"1": 4, "2": 4}
+    assert got["headline"]["infercept"]["max_rate_by_seed"] == {"1": 2}  # failed 4 on its resumed turns alone
+    assert got["headline"][BOUND]["censored"] and got["bound_violations"] == []
+    assert main(str(tmp_path)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("Interim: 14 sweep points of ") and "| `infercept` | 2.00 (2.00..2.00): 2 |" in out
+    put("round1__infercept__1024__1__3", run(3, 0.02))
+    with pytest.raises(ValueError, match="two budgets"):
+        interim(tmp_path)

@@ -170,6 +170,23 @@ def test_every_policy_keeps_the_core_consistent_under_memory_pressure(tmp_path: 
     assert sum(r.output_tokens for r in eng.finished) == sum(12 + i % 3 for i in range(12))
 
 
+def test_a_turn_still_waiting_for_its_first_token_is_reported_as_waiting(tmp_path: Path) -> None:
+    # What the benchmark counts at the cutoff with a lower bound (`metrics.summarize`): the first turn
+    # before its first token, a resumed turn after its call returned and before its next token.
+    eng = toy_bench(tmp_path).engine("discard")
+    r = request("a", 100, [(3, 1.0, 10), (2, None, 0)])
+    eng.submit(r)
+    eng.run(until=0.0)  # arrived, no step yet (a step once begun runs to its end)
+    assert outcome(r, 0, 0.0).awaiting == (0, 0.0)
+    eng.run(until=0.5)  # in the call: nothing waits on the engine
+    assert outcome(r, 0, 0.0).awaiting is None
+    eng.run(until=eng._events[0][0])  # up to the call's return: its output delivered, no step begun
+    turn, sent = outcome(r, 0, 0.0).awaiting  # type: ignore[misc]
+    assert turn == 1 and sent == pytest.approx(3 * STEP_S + 1.0)
+    eng.run()
+    assert outcome(r, 0, 0.0).awaiting is None and r.end_s is not None
+
+
 def test_the_cutoff_aborts_everything_in_flight(tmp_path: Path) -> None:
     eng = toy_bench(tmp_path).engine("swap")
     for i in range(4):

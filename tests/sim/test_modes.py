@@ -250,7 +250,8 @@ def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path:
 
     bench = fake_bench(tmp_path / "bench.json")
     v = like_bench(bench, ["infercept", "infercept-admit"], [1.0, 3.0], [5], duration_s=4.0, verbose=False)
-    assert v["slo"] == {"slo_normalized_latency_s": 0.025, "ttft_p99_bound_s": None} and v["rates"] == [1.0, 3.0]
+    assert v["slo"] == {"slo_normalized_latency_s": 0.025, "ttft_p99_bound_s": None, "resume_p99_bound_s": None}
+    assert v["rates"] == [1.0, 3.0]
     assert v["setting"]["kv_tokens"] == 8192 and v["workload"] == "qa" and v["duration_s"] == 4.0
     for lab in ("infercept", "infercept-admit"):
         assert set(v["per_rate"][lab]["5"]) == {"1", "3"}
