@@ -200,7 +200,7 @@ class EngineRun:
     async def info(self) -> dict[str, Any]:
         st = await self.engine.stats()
         return {"policy": st.policy, "token_budget": st.token_budget, "kv_blocks": st.blocks.total,
-                "max_num_seqs": self.engine.config.max_num_seqs,
+                "max_num_seqs": self.engine.config.max_num_seqs, "swap_space_gib": self.engine.config.swap_space_gib,
                 "block_size": st.block_size, "profile": st.profile.source, "saturation_tokens": st.profile.saturation_tokens}
 
     async def run(self, reqs: list[Request], rate: float) -> dict[str, Any]:

@@ -459,7 +459,8 @@ def main(args: Any) -> int:
     if BOUND not in labels:
         labels.append(BOUND)  # every ratio needs its bound
     s = Setting(priors=priors)
-    for name, attr in (("time_scale", "time_scale"), ("kv_tokens", "kv_tokens"), ("model", "model")):
+    for name, attr in (("time_scale", "time_scale"), ("kv_tokens", "kv_tokens"), ("model", "model"),
+                       ("host_gib", "swap_space_gib")):
         if getattr(args, name, None):
             setattr(s, attr, getattr(args, name))
     if args.link_gbps is not None:
@@ -479,6 +480,9 @@ def main(args: Any) -> int:
             s.time_scale = 0.02
     if any(r <= 0 for r in rates) or not seeds:
         print("error: rates must be positive and at least one seed given", file=sys.stderr)
+        return 2
+    if getattr(args, "host_gib", None) is not None and args.host_gib <= 0:
+        print(f"error: --host-gib must be positive (got {args.host_gib:g})", file=sys.stderr)
         return 2
     budget = args.token_budget or (int(prof["saturation_tokens"]) if prof else 512)
     tune = not quick and not args.no_pilot

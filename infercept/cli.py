@@ -160,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--time-scale", type=float, help="multiply call durations (default 0.1; --quick 0.02)")
     bench.add_argument("--kv-tokens", type=int, help="KV cache size in tokens (default 24576)")
     bench.add_argument("--link-gbps", type=float, help="emulated swap link GB/s (default 0.25; 0 = off)")
+    bench.add_argument("--host-gib", type=float, help="host memory for KV of every policy with a host tier (swap, the "
+                       "infercept policies, vllm-offload), GiB (default 1.0)")
     bench.add_argument("--token-budget", type=int, help="S, the budget of every engine not piloted (default: the profile's S)")
     bench.add_argument("--no-pilot", action="store_true", help="skip the budget pilot (every policy at S, 2S, vLLM's default)")
     bench.add_argument("--pilot-rates", help="rates of the budget pilot (default: the middle of the grid)")

@@ -21,8 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.mark.slow
 def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) -> None:
     exe = Path(sys.executable).parent / "infercept"
-    proc = subprocess.run([str(exe), "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600, cwd=REPO, env={**os.environ})
+    # --host-gib: the host tier's size, a knob of the run like the KV's (half the default here)
+    proc = subprocess.run([str(exe), "bench", "--quick", "--host-gib", "0.5", "--out", str(tmp_path)], capture_output=True,
+                          text=True, timeout=600, cwd=REPO, env={**os.environ})
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "max rate@SLO" in proc.stdout
     d = json.loads((tmp_path / "bench.json").read_text())
@@ -37,6 +38,7 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
     assert all(r["engine"]["policy"] and r["machine"] == d["machines"][0]
                for by_seed in d["results"].values() for by_rate in by_seed.values() for r in by_rate.values())
     assert d["setting"]["model"] == "tiny" and d["setting"]["kv_tokens"] > 0
+    assert d["setting"]["swap_space_gib"] == 0.5 and d["engines"]["infercept"]["swap_space_gib"] == 0.5
     # One token budget for all (the profile's S), and the bound's KV holds every context at once.
     budget = d["setting"]["profile_data"]["saturation_tokens"]
     assert d["token_budget"] == {p: budget for p in policies} and d["baselines_tuned"] is False
@@ -72,8 +74,8 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert d["plots"] == ["fig2_latency_vs_rate.png"]  # the ablation figure needs --ablation
     # Every point was saved as it finished: the same command again measures nothing and says so.
-    again = subprocess.run([str(exe), "bench", "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                           timeout=300, cwd=REPO, env={**os.environ})
+    again = subprocess.run([str(exe), "bench", "--quick", "--host-gib", "0.5", "--out", str(tmp_path)], capture_output=True,
+                           text=True, timeout=300, cwd=REPO, env={**os.environ})
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resuming {tmp_path}: 6 points already measured" in again.stderr  # 2 references + 4 policies
     d2 = json.loads((tmp_path / "bench.json").read_text())

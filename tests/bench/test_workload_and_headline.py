@@ -407,3 +407,12 @@ def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", ca
     put("round1__infercept__1024__1__3", run(3, 0.02))
     with pytest.raises(ValueError, match="two budgets"):
         interim(tmp_path)
+
+
+def test_the_host_memory_is_a_knob_of_the_run_and_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    from infercept.cli import main
+
+    assert main(["bench", "--host-gib", "0", "--rates", "2", "--out", "/nonexistent/never-written"]) == 2
+    assert "--host-gib must be positive (got 0)" in capsys.readouterr().err
+    assert main(["bench", "--rejudge"]) == 2 and "--rejudge goes with --report" in capsys.readouterr().err
+    assert Setting().swap_space_gib == 1.0  # the default every host tier gets
