@@ -48,9 +48,10 @@ class Outcome:
     output_tokens: int = 0
     error: str | None = None
     turns: list[Turn] = field(default_factory=list)
-    # (index, sent time) of a turn sent but still without its first token; at the cutoff a resumed one
-    # counts in the resume latency with its lower bound, as a new request's wait counts in the TTFT
-    awaiting: tuple[int, float] | None = None
+    # The turn under way (index, sent, first token or None), recorded when it ends as a `Turn`: at the
+    # cutoff a resumed one counts in the resume latency, with its wait so far if it has no token yet
+    # (as a new request's wait counts in the TTFT).
+    open_turn: tuple[int, float, float | None] | None = None
 
     @property
     def normalized_latency(self) -> float | None:
@@ -127,8 +128,9 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
     # A call's return to the next token; a resumed turn still without one at the cutoff counts with its
     # lower bound, so that starving resumed turns shows in the p99 (the SLO's third rule).
     resume = [t.first_s for o in outs for t in o.turns if t.index > 0]
-    waiting = [cutoff_s - o.awaiting[1] for o in outs if o.awaiting and o.awaiting[0] > 0 and not o.error]
-    resume += waiting
+    cut = [o.open_turn for o in outs if o.open_turn and o.open_turn[0] > 0 and not o.error]
+    resume += [(first if first is not None else cutoff_s) - sent for _, sent, first in cut]
+    waiting = sum(1 for _, _, first in cut if first is None)
     span = (max(o.end_s for o in done) - min(o.arrival_s for o in outs)) if done else wall_s  # type: ignore[type-var]
     w0, w1 = stats0["waste"], stats1["waste"]
     waste = {k: {"token_s": w1["by_kind"][k]["token_s"] - w0["by_kind"][k]["token_s"],
@@ -150,7 +152,7 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         # so that the first-token rule can be judged again later, over several seeds' samples pooled.
         "ttft_samples_s": sorted(round(x, 6) for x in ttft),
         "resume_s": {"median": pct(resume, 0.5), "p90": pct(resume, 0.9), "p99": pct(resume, 0.99), "count": len(resume),
-                     "waiting_at_cutoff": len(waiting)},
+                     "waiting_at_cutoff": waiting},
         "steady_state": steady_state(outs, cutoff_s),
         "turn_timing": turn_timing(t for o in outs for t in o.turns),
         "throughput_rps": len(done) / span if span > 0 else 0.0,

@@ -134,18 +134,19 @@ async def replay(engine: Any, req: Request, v: Variant, s: Setting, t0: float, o
         steps = [(c.decode_tokens, c) for c in req.calls] + [(req.final_decode_tokens, None)]
         for i, (decode, call) in enumerate(steps):
             sent, first, n = time.monotonic(), None, 0
-            out.awaiting = (i, sent)
+            out.open_turn = (i, sent, None)
             async for ev in session.turn(tokens, max_tokens=decode):
                 if isinstance(ev, TokenDelta):
                     if first is None:
-                        first, out.awaiting = time.monotonic(), None
+                        first = time.monotonic()
+                        out.open_turn = (i, sent, first)
                     if out.first_token_s is None:
                         out.first_token_s = first
                 elif isinstance(ev, TurnEnd):
                     n = len(ev.token_ids)
                     out.output_tokens += n
             end = time.monotonic()
-            out.awaiting = None  # a turn that ended without a token waits no more
+            out.open_turn = None  # recorded as a Turn instead
             out.turns.append(Turn(req.rid, req.aug_type, i, len(tokens), n, sent - t0, (first or end) - sent, end - sent))
             if call is None:
                 break

@@ -8,12 +8,14 @@ of this project's `infercept` policies or a priors row (`POLICY@MODE`)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, judge, repeatability, slo_clause
-from infercept.benchmarks.points import budget_key, reader, repeat_pairs
+from infercept.benchmarks.points import PointStore, budget_key, reader, repeat_pairs
+from infercept.benchmarks.replay import ABLATION
 
 PEERS = ("discard", "vllm-apc", "vllm-offload", "continuum", "ttl", "preserve", "swap", "infercept-paper")
 
@@ -112,7 +114,9 @@ def rejudge(result: dict[str, Any]) -> dict[str, Any]:
     """A run judged again from its points by this version's SLO rules: resumed turns' p99 wait for their
     next token gets the bound new requests' TTFT has, where the run predates that rule. Refining the
     knees under the old rule probed around its knees: where the new rule moves a knee, it lands on a
-    coarser step (the rates tried are in `rates_tried_by_seed`)."""
+    coarser step (the rates tried are in `rates_tried_by_seed`). Its points did not record the resumed
+    turns cut off at the cutoff. Repeatability is computed again from the points folder beside the file
+    (none without it); the plots are the run's, by its own rule."""
     slo = dict(result["slo"])
     if "resume_p99_bound_s" not in slo:
         slo["resume_p99_bound_s"] = slo.get("ttft_p99_bound_s")
@@ -126,7 +130,9 @@ def rejudge(result: dict[str, Any]) -> dict[str, Any]:
 def interim(out: Path) -> dict[str, Any]:
     """What a run under way (or stopped) says so far: its sweep points judged by this version's SLO rules
     against the references measured so far, in bench.json's shape (headline, slo, bound violations,
-    repeatability). A seed whose grid or bisection is unfinished has knees that may still move."""
+    repeatability). A seed whose grid or bisection is unfinished has knees that may still move; points
+    measured before resumed turns were bounded did not record those cut off at the cutoff, and the run's
+    own bisection follows the rules of its code."""
     plan = json.loads((out / "plan.json").read_text())
     points = out / "points"
     refs = [r for when in ("before", "after") if (r := reader(points)(f"reference__{when}")) is not None]
@@ -136,22 +142,62 @@ def interim(out: Path) -> dict[str, Any]:
     slo_s = float(plan["slo_factor"]) * unloaded["median_s"]
     factor = plan.get("ttft_factor")
     bound = factor * unloaded["ttft_p90_s"] if factor and unloaded.get("ttft_p90_s") else None
+    budgets = chosen_budgets(plan, reader(points))
     results: dict[str, dict[int, dict[str, Any]]] = {}
-    budgets: dict[str, str] = {}
+    ablation: dict[str, dict[int, dict[str, Any]]] = {}
+    abl_labels = {label for _, label in ABLATION} if plan.get("ablation") else set()
     for path in sorted(points.glob("round*__*.json")):
         _, label, budget, seed, rate = path.stem.split("__")
-        if budgets.setdefault(label, budget) != budget:
-            raise ValueError(f"{out}: {label} has sweep points at two budgets ({budgets[label]}, {budget})")
-        results.setdefault(label, {}).setdefault(int(seed), {})[rate] = json.loads(path.read_text())
+        # The ablation runs its steps at vLLM's default budget, some of them policies of the sweep too.
+        for into, wanted in ((results, budgets.get(label)), (ablation, "vllm-default" if label in abl_labels else None)):
+            if budget == wanted:
+                into.setdefault(label, {}).setdefault(int(seed), {})[rate] = json.loads(path.read_text())
     labels = [x for x in plan["labels"] if x in results]
     slo = {"slo_factor": plan["slo_factor"], "ttft_factor": factor, "slo_normalized_latency_s": slo_s,
            "ttft_p99_bound_s": bound, "resume_p99_bound_s": bound, "reference_runs": refs}
     head = judge({x: results[x] for x in labels}, slo_s, bound, bound)
     piloted = {x: budgets[x] for x in labels if "@" not in x} if plan.get("tune") else {}
     pairs = repeat_pairs(reader(points), piloted, int(plan["seeds"][0]), plan.get("pilot_rates") or [])
-    return {"interim": True, "policies": labels, "seeds": plan["seeds"], "slo": slo, **head,
-            "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
-            "repeatability": repeatability(pairs, slo_s, bound, bound), "results": results}
+    doc = {"interim": True, "policies": labels, "seeds": plan["seeds"], "slo": slo, **head,
+           "token_budget": {x: budgets[x] for x in labels},
+           "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
+           "repeatability": repeatability(pairs, slo_s, bound, bound), "results": results}
+    if ablation:
+        doc |= {"ablation_headline": judge(ablation, slo_s, bound, bound)["headline"], "ablation_results": ablation}
+    return doc
+
+
+def chosen_budgets(plan: Mapping[str, Any], get: Callable[[str], Any]) -> dict[str, str]:
+    """Each policy's sweep budget as the runner chose it: the pilot's best (`runner.best_budget`) where
+    the plan pilots, the plan's budget where it does not; priors rows take their policy's. A policy whose
+    pilot is unfinished has none yet."""
+    from infercept.benchmarks.runner import best_budget, budgets_tried
+
+    s_tokens = int(plan["token_budget"])
+    out: dict[str, str] = {}
+    for label in plan["labels"]:
+        if "@" in label:
+            continue
+        if not plan.get("tune"):
+            out[label] = budget_key(s_tokens)
+            continue
+        scores: dict[str, float | None] = {}
+        for b in budgets_tried(label, s_tokens):
+            runs = [get(PointStore.key("pilot", label, budget_key(b), plan["seeds"][0], f"{float(r):g}"))
+                    for r in plan["pilot_rates"]]
+            if any(r is None for r in runs):
+                break
+            score = sum(r["normalized_latency_s"]["median"] or math.inf for r in runs)
+            scores[budget_key(b)] = score if math.isfinite(score) else None
+        else:
+            out[label] = best_budget(scores)
+    for label in plan["labels"]:
+        base = label.split("@")[0]
+        if "@" in label and base in out:
+            out[label] = out[base]
+        elif "@" in label and base not in plan["labels"]:  # a priors row without its policy: the plan's budget
+            out[label] = budget_key(s_tokens)
+    return out
 
 
 def main(path: str, rejudge_points: bool = False) -> int:
@@ -159,7 +205,15 @@ def main(path: str, rejudge_points: bool = False) -> int:
 
     try:
         if Path(path).is_dir():
-            result = interim(Path(path))
+            if rejudge_points:
+                print(f"error: {path}: --rejudge is for a finished run's bench.json; a folder's report already "
+                      "judges by this version's rules", file=sys.stderr)
+                return 2
+            try:
+                result = interim(Path(path))
+            except KeyError as e:
+                print(f"error: {path}: not a run's --out folder (its plan.json has no {e})", file=sys.stderr)
+                return 2
             points = sum(len(v) for by_seed in result["points"].values() for v in by_seed.values())
             print(f"Interim: {points} sweep points of {path} so far (the run's bench.json, once written, is the "
                   "result); judged by this version's rules against the references measured so far.\n")

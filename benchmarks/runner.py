@@ -80,7 +80,9 @@ class Plan:
     calibration_requests: int = 16
     refine: int = 0  # bisection rounds after the grid
     rel_tol: float = 0.1  # bisection stops once the knee and the first failure are this close (relative)
-    ttft_factor: float | None = 10.0  # new requests' p99 TTFT within this x the unloaded p90 (None: no such rule)
+    # new requests' p99 TTFT, and resumed turns' p99 wait for their next token, within this x the unloaded
+    # TTFT p90 (None: no such rule)
+    ttft_factor: float | None = 10.0
     reprofile: bool = False  # measure the tiny model's profile on this machine before anything else
     budget_from_profile: bool = True  # S, the default budget, is the (re-measured) profile's
 
@@ -195,6 +197,12 @@ def make_workloads(plan: Plan) -> dict[tuple[int, float], list[Request]]:
 def chunked(label: str) -> bool:
     """Whether the policy caps its iterations at S: then the budget it runs at is its S as well."""
     return policy_spec(variant(label).policy).chunk_at_saturation
+
+
+def best_budget(scores: Mapping[str, float | None]) -> str:
+    """The budget the pilot chose: the lowest score (summed median normalized latency over the pilot
+    rates; None: a rate finished no request), the first tried on a tie."""
+    return min(scores, key=lambda k: math.inf if scores[k] is None else scores[k])  # type: ignore[return-value]
 
 
 def budgets_tried(label: str, s_tokens: int) -> list[int | None]:
@@ -348,7 +356,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
                     "score": score if math.isfinite(score) else None,  # None: a rate finished no request
                     **{rate: {"normalized_latency_median_s": r["normalized_latency_s"]["median"], "completed": r["completed"],
                               "requests": r["requests"]} for rate, r in runs.items()}}
-            best = min(pilot[label], key=lambda k: pilot[label][k]["score"] or math.inf)
+            best = best_budget({k: v["score"] for k, v in pilot[label].items()})
             budgets[label] = None if best == "vllm-default" else int(best)
         for label in labels:
             if "@" in label:

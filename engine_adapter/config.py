@@ -148,6 +148,12 @@ class EngineConfig:
         }
 
 
+def host_chunks(swap_space_bytes: int, kv_bytes_per_block: int) -> int:
+    """Whole blocks of KV that fit in the host buffer: the `swap` policies' host slots, the host tier's
+    blocks, and the simulator's of both."""
+    return max(0, swap_space_bytes // max(1, kv_bytes_per_block))
+
+
 def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
     """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX-BF16), from /proc/cpuinfo."""
     if cpuinfo is None:

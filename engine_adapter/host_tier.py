@@ -49,6 +49,7 @@ from vllm.v1.kv_offload.cpu.manager import CPUOffloadingManager
 from vllm.v1.kv_offload.cpu.policies.base import order_request_keys
 from vllm.v1.kv_offload.cpu.policies.lru import LRUCachePolicy
 
+from engine_adapter.config import host_chunks
 from engine_adapter.kv_copy import BlockCopier, env_ranks_on_host
 from engine_adapter.policy.table import HOST_TIER_EVICTIONS, SESSION_END_LRU
 from engine_adapter.vllm_port import lru_set_ranks
@@ -80,11 +81,6 @@ class SessionEndLRU(LRUCachePolicy):
                             req_context: Any) -> None:
         del insertion_only_keys, reused_keys
         self._ended_rank = lru_set_ranks(self, reversed(order_request_keys(key_groups, req_context)), self._ended_rank)
-
-
-def host_chunks(swap_space_bytes: int, kv_bytes_per_block: int) -> int:
-    """Whole blocks of KV that fit in the host buffer (the `swap` policies' `host_slots`)."""
-    return max(0, swap_space_bytes // max(1, kv_bytes_per_block))
 
 
 class InterceptHostTierSpec(OffloadingSpec):

@@ -31,7 +31,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.offloading.common import Offlo
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading.config import build_offloading_config
 from vllm.distributed.kv_transfer.kv_connector.v1.offloading_connector import OffloadingConnector
 
-from engine_adapter.host_tier import SPEC_MODULE_PATH, SPEC_NAME, InterceptHostTierSpec, host_chunks
+from engine_adapter.config import host_chunks
+from engine_adapter.host_tier import SPEC_MODULE_PATH, SPEC_NAME, InterceptHostTierSpec
 from engine_adapter.intercept.reports import HostTierReport
 
 if TYPE_CHECKING:

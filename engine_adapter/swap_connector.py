@@ -49,6 +49,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
+from engine_adapter.config import host_chunks
 from engine_adapter.vllm_port import connector_metadata, connector_vllm_config
 
 if TYPE_CHECKING:
@@ -168,7 +169,7 @@ class InterceptSwapConnector(KVConnectorBase_V1):
         # tensor per call (`get_dtype_size`): it was 0.43 ms of every step's schedule() on the CPU
         # engine under `infercept` at 4 req/s (timed step log and py-spy, docs/results.md "Session 13").
         assert self._kv_cfg is not None
-        return max(0, self.swap_space_bytes // max(1, kv_block_bytes(self._kv_cfg)))
+        return host_chunks(self.swap_space_bytes, kv_block_bytes(self._kv_cfg))
 
     def bind_core(self, core: InterceptCore) -> None:
         self.core = core

@@ -155,9 +155,7 @@ class SimEngine:
         tier = sched.host_tier
         if tier is not None:
             tier.now = self.now
-            done = tier.poll(self.now)  # reported by the empty steps vLLM spins while a load is on the link
-            if done:
-                sched.loads_done(done)
+            self._poll_host_tier()  # reported by the empty steps vLLM spins while a load is on the link
         out = sched.schedule()
         sched.meter_admission(core.admission, self.now, out)
         copies = core.step_copies() if core.swap is not None else None
@@ -186,9 +184,7 @@ class SimEngine:
         self.now += seconds
         if tier is not None:
             tier.end_step(stores, self.now)  # issued at the step's barrier
-            done = tier.poll(self.now)
-            if done:
-                sched.loads_done(done)  # heard with this step's output
+            self._poll_host_tier()  # heard with this step's output
         self.steps += 1
         if out.load.tokens:
             resident = sched.resident_tokens()
@@ -205,6 +201,18 @@ class SimEngine:
         if self.check_every and self.steps % self.check_every == 0:
             self.check()
         return True
+
+    def returned_by(self, t: float) -> dict[str, float]:
+        """Requests whose call returned to the replay by `t` (sent its output) but whose resume has not
+        reached the engine yet (the front end's delay): rid -> when the call returned."""
+        return {r.rid: at - self.frontend_in_s for at, _, kind, r in self._events
+                if kind == RESUME and at - self.frontend_in_s <= t}
+
+    def _poll_host_tier(self) -> None:
+        """Loads the host tier finished by now, handed to the scheduler as vLLM's finished-loading set."""
+        done = self.sched.host_tier.poll(self.now)  # type: ignore[union-attr]
+        if done:
+            self.sched.loads_done(done)
 
     def _sampled(self, r: SimRequest) -> None:
         r.num_tokens += 1

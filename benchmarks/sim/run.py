@@ -24,14 +24,18 @@ def sim_requests(reqs: Sequence[Request], bench: SimBench, label: str, prefix: s
     return [from_workload(r, s.time_scale, zero_calls=v.zero_calls, rid_prefix=prefix) for r in reqs]
 
 
-def outcome(r: SimRequest, index: int, t0: float) -> Outcome:
+def outcome(r: SimRequest, index: int, t0: float, returned_s: float | None = None) -> Outcome:
+    """The benchmark's record of one simulated request. `returned_s`: when its call returned to the
+    replay where the engine has not heard of it yet (the front end's delay): the turn is under way."""
     o = Outcome(index, r.aug_type, t0 + r.arrival_s)
     o.end_s, o.first_token_s = r.end_s, r.first_token_s
     o.call_s, o.output_tokens = r.call_s, r.output_tokens
     o.turns = [Turn(index, r.aug_type, k, n_in, n_out, sent - t0, first - sent, end - sent)
                for k, n_in, n_out, sent, first, end in r.turn_log]
-    if r.end_s is None and r.turn_first_s is None:  # sent (the first turn: arrived) and no token yet
-        o.awaiting = (r.turn, t0 + r.turn_sent_s)
+    if returned_s is not None:
+        o.open_turn = (r.turn + 1, t0 + returned_s, None)
+    elif r.end_s is None and (not r.turn_log or r.turn_log[-1][0] != r.turn):  # sent, not ended (not in a call)
+        o.open_turn = (r.turn, t0 + r.turn_sent_s, None if r.turn_first_s is None else t0 + r.turn_first_s)
     return o
 
 
@@ -49,9 +53,10 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
     steps0, preempt0, idle0 = eng.steps, eng.sched.preemptions, eng.idle_steps
     eng.run(until=last + drain_s)
     cutoff = eng.now
+    returned = eng.returned_by(cutoff)
     left = eng.abort_all()
     stats1 = eng.stats()
-    outs = [outcome(r, i, 0.0) for i, r in enumerate(reqs)]
+    outs = [outcome(r, i, 0.0, returned.get(r.rid)) for i, r in enumerate(reqs)]
     wall = cutoff - t0
     pool = stats1["blocks"]["total"] * stats1["block_size"]
     out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens)

@@ -22,7 +22,7 @@ from infercept.benchmarks.sim.host_tier import SimHostTier
 from infercept.benchmarks.sim.pool import BlockPool
 from infercept.benchmarks.sim.scheduler import SimScheduler
 from infercept.benchmarks.workload import PRIOR_MODES, write_priors
-from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig
+from engine_adapter.config import ADDITIONAL_CONFIG_KEY, CoreConfig, host_chunks
 from engine_adapter.intercept.build import build_core
 from engine_adapter.policy.profile import Profile
 from engine_adapter.policy.table import SESSION_END_LRU, policy_spec
@@ -134,7 +134,7 @@ class SimBench:
         m = self.profile.kv_bytes_per_token
         block_bytes = m * cfg.block_size  # type: ignore[operator]
         spec = policy_spec(v.policy)
-        host_blocks = int(cfg.swap_space_gib * 2**30) // block_bytes
+        host_blocks = host_chunks(int(cfg.swap_space_gib * 2**30), block_bytes)  # as the engine's connectors size it
         pool = BlockPool(usable, cfg.block_size, spec.prefix_caching)  # type: ignore[arg-type]
         sched = SimScheduler(pool, max_num_seqs=slots, max_model_len=cfg.max_model_len, token_budget=budget)
         if spec.host_tier:
@@ -153,7 +153,6 @@ class SimBench:
         for watch in self.on_engine:
             watch(eng)
         return eng
-
 
     def host_tier(self, host_blocks: int, block_size: int, block_bytes: int, ended_first: bool = False) -> SimHostTier:
         """`vllm-offload`'s host tier: the swap policies' buffer and link (the engine gives it the same);

@@ -289,8 +289,9 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo,
                 sharegpt_model=sharegpt, verbose=verbose)
+    # The simulator's own SLO, by the rules the bench was judged by (no resume bound for a run before it).
     own = headline(res["results"], res["slo"]["slo_normalized_latency_s"], res["slo"]["ttft_p99_bound_s"],
-                   res["slo"]["resume_p99_bound_s"])
+                   res["slo"]["resume_p99_bound_s"] if resume_slo is not None else None)
     out_pol: dict[str, Any] = {}
     per_rate: dict[str, Any] = {}
     for lab in labels:

@@ -543,7 +543,7 @@ class InterceptCore:
         # blocks they still have to copy (counting only the queued ones starved the loads already under
         # way to one block per step once the queue emptied).
         under_way = [e for e in self.entries.values() if e.host and e.state in (KvState.LOAD_ARMED, KvState.LOADING)]
-        loading = [e.host for e in under_way if e.host]
+        loading = [e.host for e in under_way]  # type: ignore[misc]  # every one has its host copy (filtered above)
         queued_in = [e.host for e in self._ordered(KvState.LOAD_QUEUED) if e.host]
         want_in = sum(h.blocks_to_load for h in queued_in + loading) * self.block_size
         want_out = inflight + sum(sw.blocks(v.context_tokens) for v in candidates) * self.block_size

@@ -201,13 +201,14 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     wait = summarize(outs, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)["new_request_wait"]
     assert wait["admitted"] == 8 and wait["request_s"] == {"slots": 4.0, "budget": 2.0, "blocks": 0.0, "behind_resumed": 1.0}
     assert wait["mean_s"]["slots"] == pytest.approx(0.5) and wait["mean_s"]["behind_resumed"] == pytest.approx(1 / 8)
-    # A resumed turn still waiting for its next token at the cutoff counts with its lower bound; a first turn
-    # waiting counts in the TTFT instead, and a failed request's in neither.
-    outs[1].awaiting, outs[2].awaiting = (2, 4.5), (1, 5.0)
-    late = summarize(outs + [Outcome(3, "qa", 5.5, awaiting=(0, 5.5))], stats0, stats1, wall_s=10.0, cutoff_s=6.0,
-                     capacity_tokens=1000)
-    assert late["resume_s"]["count"] == 1 and late["resume_s"]["waiting_at_cutoff"] == 1
-    assert late["resume_s"]["median"] == pytest.approx(1.5) and late["ttft_samples_s"] == [0.5, 5.0, 6.0]
+    # Resumed turns cut off at the cutoff count: one still waiting for its next token with its wait so far,
+    # one decoding with its wait for the first; a first turn cut off counts in the TTFT instead, and a
+    # failed request's in neither.
+    outs[1].open_turn, outs[2].open_turn = (2, 4.5, None), (1, 5.0, None)
+    cut = [Outcome(3, "qa", 5.5, open_turn=(0, 5.5, None)), Outcome(4, "qa", 1.0, first_token_s=1.5, open_turn=(1, 3.0, 5.0))]
+    late = summarize(outs + cut, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)
+    assert late["resume_s"]["count"] == 2 and late["resume_s"]["waiting_at_cutoff"] == 1
+    assert late["resume_s"]["median"] == pytest.approx((1.5 + 2.0) / 2) and late["ttft_samples_s"] == [0.5, 0.5, 5.0, 6.0]
 
 
 def test_turn_timing_splits_admission_resume_and_decode() -> None:
@@ -379,6 +380,7 @@ def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", ca
 
     (tmp_path / "points").mkdir()
     (tmp_path / "plan.json").write_text(json.dumps({"slo_factor": 5.0, "ttft_factor": 10.0, "seeds": [1, 2], "tune": False,
+                                                    "token_budget": 512, "ablation": True,
                                                     "labels": ["vllm-apc", "infercept", BOUND]}))
     assert main(str(tmp_path)) == 2 and "no SLO reference measured yet" in capsys.readouterr().err
 
@@ -389,14 +391,19 @@ def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", ca
     resumes = {"median": 0.1, "p99": 0.2, "count": 30}
     for seed in (1, 2):
         for rate, nl in ((2, 0.02), (4, 0.04), (6, 0.09)):
-            put(f"round0__vllm-apc__1024__{seed}__{rate}", run(rate, nl, resume_s=resumes, seed=seed))
+            put(f"round0__vllm-apc__512__{seed}__{rate}", run(rate, nl, resume_s=resumes, seed=seed))
             put(f"round0__{BOUND}__512__{seed}__{rate}", run(rate, nl / 2, resume_s=resumes, seed=seed))
     # infercept: seed 1 only so far; at 4 req/s its resumed turns wait 0.9 s at the p99 (over the 0.5 s bound)
     put("round0__infercept__512__1__2", run(2, 0.02, resume_s=resumes))
     put("round0__infercept__512__1__4", run(4, 0.03, resume_s={"median": 0.1, "p99": 0.9, "count": 30}))
     put("pilot__infercept__512__1__4", run(4, 0.01))  # a pilot point is not a sweep point
+    # the ablation's steps run at vLLM's default budget, `infercept` among them: kept apart
+    put("round0__infercept__vllm-default__1__2", run(2, 0.09))
+    put("round0__swap__vllm-default__1__2", run(2, 0.01))
     got = interim(tmp_path)
     assert got["policies"] == ["vllm-apc", "infercept", BOUND] and got["points"]["infercept"] == {"1": [2.0, 4.0]}
+    assert got["token_budget"] == {"vllm-apc": "512", "infercept": "512", BOUND: "512"}
+    assert set(got["ablation_results"]) == {"infercept", "swap"} and got["ablation_headline"]["swap"]["censored"]
     assert got["slo"]["resume_p99_bound_s"] == got["slo"]["ttft_p99_bound_s"] == pytest.approx(0.5)
     assert got["headline"]["vllm-apc"]["max_rate_by_seed"] == {"1": 4, "2": 4}
     assert got["headline"]["infercept"]["max_rate_by_seed"] == {"1": 2}  # failed 4 on its resumed turns alone
@@ -404,9 +411,23 @@ def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", ca
     assert main(str(tmp_path)) == 0
     out = capsys.readouterr().out
     assert out.startswith("Interim: 14 sweep points of ") and "| `infercept` | 2.00 (2.00..2.00): 2 |" in out
-    put("round1__infercept__1024__1__3", run(3, 0.02))
-    with pytest.raises(ValueError, match="two budgets"):
-        interim(tmp_path)
+    assert main(str(tmp_path), rejudge_points=True) == 2 and "--rejudge is for a finished run's" in capsys.readouterr().err
+    (tmp_path / "plan.json").write_text(json.dumps({"seeds": [1]}))
+    assert main(str(tmp_path)) == 2 and "not a run's --out folder" in capsys.readouterr().err
+
+
+def test_an_interim_report_takes_each_policys_budget_as_the_pilot_chose_it() -> None:
+    from infercept.benchmarks.points import PointStore
+    from infercept.benchmarks.report import chosen_budgets
+
+    plan = {"tune": True, "token_budget": 512, "seeds": [3], "pilot_rates": [4.0],
+            "labels": ["vllm-apc", "vllm-apc@x3", "infercept", "infercept@x3", "preserve@table1"]}
+    pilot = {PointStore.key("pilot", "vllm-apc", b, 3, "4"): run(4, nl) for b, nl in (("512", 0.03), ("1024", 0.02),
+                                                                                       ("vllm-default", 0.02))}
+    pilot[PointStore.key("pilot", "infercept", "512", 3, "4")] = run(4, 0.01)  # its 1024 and 2048 not measured yet
+    got = chosen_budgets(plan, pilot.get)
+    # the lowest score, the first tried on a tie; a priors row takes its policy's, or the plan's without it
+    assert got == {"vllm-apc": "1024", "vllm-apc@x3": "1024", "preserve@table1": "512"}
 
 
 def test_the_host_memory_is_a_knob_of_the_run_and_bad_values_are_refused(capsys: pytest.CaptureFixture[str]) -> None:

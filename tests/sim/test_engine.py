@@ -170,21 +170,26 @@ def test_every_policy_keeps_the_core_consistent_under_memory_pressure(tmp_path: 
     assert sum(r.output_tokens for r in eng.finished) == sum(12 + i % 3 for i in range(12))
 
 
-def test_a_turn_still_waiting_for_its_first_token_is_reported_as_waiting(tmp_path: Path) -> None:
-    # What the benchmark counts at the cutoff with a lower bound (`metrics.summarize`): the first turn
-    # before its first token, a resumed turn after its call returned and before its next token.
+def test_the_turn_under_way_at_the_cutoff_is_reported(tmp_path: Path) -> None:
+    # What the benchmark counts at the cutoff (`metrics.summarize`): the turn sent and not ended, with its
+    # first token where it had one: the first turn from its arrival, a resumed one from its call's return.
     eng = toy_bench(tmp_path).engine("discard")
     r = request("a", 100, [(3, 1.0, 10), (2, None, 0)])
     eng.submit(r)
     eng.run(until=0.0)  # arrived, no step yet (a step once begun runs to its end)
-    assert outcome(r, 0, 0.0).awaiting == (0, 0.0)
-    eng.run(until=0.5)  # in the call: nothing waits on the engine
-    assert outcome(r, 0, 0.0).awaiting is None
-    eng.run(until=eng._events[0][0])  # up to the call's return: its output delivered, no step begun
-    turn, sent = outcome(r, 0, 0.0).awaiting  # type: ignore[misc]
-    assert turn == 1 and sent == pytest.approx(3 * STEP_S + 1.0)
+    assert outcome(r, 0, 0.0).open_turn == (0, 0.0, None)
+    eng.run(until=1.5 * STEP_S)  # one step: its first token
+    assert outcome(r, 0, 0.0).open_turn == (0, 0.0, pytest.approx(STEP_S))
+    eng.run(until=0.5)  # in the call: no turn under way
+    assert outcome(r, 0, 0.0).open_turn is None
+    returned = eng._events[0][0]
+    assert eng.returned_by(returned - 1e-6) == {} and eng.returned_by(returned) == {"a": returned}
+    # the call's output sent by the replay, not yet heard by the engine: the resumed turn is under way
+    assert outcome(r, 0, 0.0, returned_s=returned).open_turn == (1, returned, None)
+    eng.run(until=returned)  # its output delivered, no step begun
+    assert outcome(r, 0, 0.0).open_turn == (1, pytest.approx(3 * STEP_S + 1.0), None)
     eng.run()
-    assert outcome(r, 0, 0.0).awaiting is None and r.end_s is not None
+    assert outcome(r, 0, 0.0).open_turn is None and r.end_s is not None
 
 
 def test_the_cutoff_aborts_everything_in_flight(tmp_path: Path) -> None:
