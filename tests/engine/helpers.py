@@ -28,6 +28,16 @@ async def fresh_output(engine: InterceptEngine, context: list[int], max_tokens: 
         await s.close()
 
 
+async def fill_kv(engine: InterceptEngine, *prompts: tuple[int, int, int], max_tokens: int = 8) -> list[Session]:
+    """One turn each of new sessions, run together, with prompts of (length, first token id, span): token
+    ids first + i % span (ids no other test uses, so that no block is a prefix-cache hit). What the swap
+    tests fill the KV with; the sessions are returned open."""
+    sessions = [engine.open_session() for _ in prompts]
+    await asyncio.gather(*(run_turn(s, [first + i % span for i in range(n)], max_tokens=max_tokens)
+                           for s, (n, first, span) in zip(sessions, prompts)))
+    return sessions
+
+
 async def wait_all_free(engine: InterceptEngine) -> dict[str, int]:
     """Integrity-checked block counts once every block is free again (aborts and closes reach the
     engine core asynchronously); returns the last counts either way."""

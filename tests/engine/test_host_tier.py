@@ -4,11 +4,9 @@ them back from the host tier, giving the same tokens as an engine without any KV
 
 from __future__ import annotations
 
-import asyncio
-
 from engine_adapter.engine import InterceptEngine
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
-from tests.engine.helpers import run_turn, wait_all_free
+from tests.engine.helpers import fill_kv, run_turn, wait_all_free
 
 PROMPT = (
     "You are an agent in a text world. You can search, open doors and count things. "
@@ -36,11 +34,7 @@ async def test_resume_loads_evicted_blocks_from_the_host_tier(uses_engine: None)
         # Two other sessions that together need every KV block at once: A's freed blocks are reused, so the
         # device's prefix cache no longer has them.
         usable = TINY_KV_BLOCKS - 1
-        b, c = engine.open_session(), engine.open_session()
-        await asyncio.gather(
-            run_turn(b, [1000 + i % 500 for i in range(15 * block - 8)], max_tokens=8),
-            run_turn(c, [3000 + i % 700 for i in range(((usable - 15) * block - 8))], max_tokens=8),
-        )
+        await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
         before = (await engine.stats()).host_tier
         assert before is not None and before.host_blocks == HOST_BLOCKS
         assert before.blocks_stored >= full_blocks + 15 + (usable - 15) - 2  # A's, B's and C's full blocks

@@ -3,7 +3,6 @@ other requests, and the swap-in restores it exactly (swap and infercept policies
 
 from __future__ import annotations
 
-import asyncio
 import os
 from pathlib import Path
 
@@ -12,7 +11,7 @@ import pytest
 from engine_adapter.engine import RESERVED_CPU_ENV, InterceptEngine, reserved_cpu_cores
 from gateway.metrics import GatewayMetrics
 from tests.conftest import TINY_KV_BLOCKS, tiny_config
-from tests.engine.helpers import fresh_output, run_turn, wait_all_free
+from tests.engine.helpers import fill_kv, fresh_output, run_turn, wait_all_free
 
 PROMPT = (
     "You are an agent in a text world. You can search, open doors and count things. "
@@ -30,12 +29,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     # Two other sessions that together need every KV block at once: A's old blocks must be reused.
     block = (await engine.stats()).block_size
     usable = TINY_KV_BLOCKS - 1
-    b_len, c_len = 15 * block - 8, (usable - 15) * block - 8
-    b, c = engine.open_session(), engine.open_session()
-    await asyncio.gather(
-        run_turn(b, [1000 + i % 500 for i in range(b_len)], max_tokens=8),
-        run_turn(c, [3000 + i % 700 for i in range(c_len)], max_tokens=8),
-    )
+    await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
     [rec] = await engine.intercepts(a.id)
     assert rec.kv_fate == "swap", rec
     counts = await engine.check_integrity()  # also: host buffer contents == what the scheduler expects
@@ -95,13 +89,8 @@ async def test_a_resume_takes_the_blocks_still_cached_and_loads_only_the_rest(po
     # pressure (not dropped: B is running), its blocks freed into the prefix cache, and C takes the
     # others and A's partial last block and the full one before it.
     usable = TINY_KV_BLOCKS - 1
-    b_len, c_len = 15 * block - 8, (usable - 15 - a_blocks + 2) * block - 8
-    b, c = engine.open_session(), engine.open_session()
-    await asyncio.gather(
-        # tokens no other test uses: a block cached by another test would be a hit, not a block taken
-        run_turn(b, [2100 + i % 450 for i in range(b_len)], max_tokens=8),
-        run_turn(c, [2600 + i % 400 for i in range(c_len)], max_tokens=8),
-    )
+    # tokens no other test uses: a block cached by another test would be a hit, not a block taken
+    b, c = await fill_kv(engine, (15 * block - 8, 2100, 450), ((usable - 15 - a_blocks + 2) * block - 8, 2600, 400))
     [rec] = await engine.intercepts(a.id)
     assert rec.kv_fate == "swap", rec
     await b.close()
