@@ -128,9 +128,11 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
     # A call's return to the next token; a resumed turn still without one at the cutoff counts with its
     # lower bound, so that starving resumed turns shows in the p99 (the SLO's third rule).
     resume = [t.first_s for o in outs for t in o.turns if t.index > 0]
-    cut = [o.open_turn for o in outs if o.open_turn and o.open_turn[0] > 0 and not o.error]
-    resume += [(first if first is not None else cutoff_s) - sent for _, sent, first in cut]
-    waiting = sum(1 for _, _, first in cut if first is None)
+    # (A first token seen only after the cutoff, as the simulator's front-end delay can put it, is none.)
+    cut = [(sent, first if first is not None and first <= cutoff_s else None)
+           for o in outs if o.open_turn and o.open_turn[0] > 0 and not o.error for _, sent, first in [o.open_turn]]
+    resume += [(first if first is not None else cutoff_s) - sent for sent, first in cut]
+    waiting = sum(1 for _, first in cut if first is None)
     span = (max(o.end_s for o in done) - min(o.arrival_s for o in outs)) if done else wall_s  # type: ignore[type-var]
     w0, w1 = stats0["waste"], stats1["waste"]
     waste = {k: {"token_s": w1["by_kind"][k]["token_s"] - w0["by_kind"][k]["token_s"],

@@ -134,10 +134,13 @@ def interim(out: Path) -> dict[str, Any]:
     measured before resumed turns were bounded did not record those cut off at the cutoff, and the run's
     own bisection follows the rules of its code."""
     plan = json.loads((out / "plan.json").read_text())
+    missing = [k for k in ("labels", "seeds", "slo_factor", "token_budget") if k not in plan]
+    if missing:
+        raise ValueError(f"not a run's --out folder (its plan.json has no {', '.join(missing)})")
     points = out / "points"
     refs = [r for when in ("before", "after") if (r := reader(points)(f"reference__{when}")) is not None]
     if not refs:
-        raise ValueError(f"{out}: no SLO reference measured yet (points/reference__before.json)")
+        raise ValueError("no SLO reference measured yet (points/reference__before.json)")
     unloaded = min(refs, key=lambda r: r["median_s"])
     slo_s = float(plan["slo_factor"]) * unloaded["median_s"]
     factor = plan.get("ttft_factor")
@@ -209,11 +212,7 @@ def main(path: str, rejudge_points: bool = False) -> int:
                 print(f"error: {path}: --rejudge is for a finished run's bench.json; a folder's report already "
                       "judges by this version's rules", file=sys.stderr)
                 return 2
-            try:
-                result = interim(Path(path))
-            except KeyError as e:
-                print(f"error: {path}: not a run's --out folder (its plan.json has no {e})", file=sys.stderr)
-                return 2
+            result = interim(Path(path))
             points = sum(len(v) for by_seed in result["points"].values() for v in by_seed.values())
             print(f"Interim: {points} sweep points of {path} so far (the run's bench.json, once written, is the "
                   "result); judged by this version's rules against the references measured so far.\n")

@@ -489,8 +489,8 @@ def main(args: Any) -> int:
     if any(r <= 0 for r in rates) or not seeds:
         print("error: rates must be positive and at least one seed given", file=sys.stderr)
         return 2
-    if getattr(args, "host_gib", None) is not None and args.host_gib <= 0:
-        print(f"error: --host-gib must be positive (got {args.host_gib:g})", file=sys.stderr)
+    if getattr(args, "host_gib", None) is not None and not (math.isfinite(args.host_gib) and args.host_gib > 0):
+        print(f"error: --host-gib must be a positive number of GiB (got {args.host_gib:g})", file=sys.stderr)
         return 2
     budget = args.token_budget or (int(prof["saturation_tokens"]) if prof else 512)
     tune = not quick and not args.no_pilot

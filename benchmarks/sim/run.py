@@ -85,7 +85,7 @@ def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]
         results[f"{rate:g}"] = run_rate(eng, sims, drain_s, bench.setting.kv_tokens) | {"rate": rate}
     info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "kv_blocks": eng.sched.pool.num_blocks,
             "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens,
-            "max_num_seqs": eng.sched.max_num_seqs}
+            "max_num_seqs": eng.sched.max_num_seqs, "swap_space_gib": bench.setting.swap_space_gib}
     return results, info
 
 

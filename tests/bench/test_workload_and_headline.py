@@ -205,10 +205,13 @@ def test_summary_accounts_for_every_request_and_one_denominator() -> None:
     # one decoding with its wait for the first; a first turn cut off counts in the TTFT instead, and a
     # failed request's in neither.
     outs[1].open_turn, outs[2].open_turn = (2, 4.5, None), (1, 5.0, None)
-    cut = [Outcome(3, "qa", 5.5, open_turn=(0, 5.5, None)), Outcome(4, "qa", 1.0, first_token_s=1.5, open_turn=(1, 3.0, 5.0))]
+    cut = [Outcome(3, "qa", 5.5, open_turn=(0, 5.5, None)), Outcome(4, "qa", 1.0, first_token_s=1.5, open_turn=(1, 3.0, 5.0)),
+           # a first token only after the cutoff (the simulator's front-end delay can put it there): none yet
+           Outcome(5, "qa", 1.0, first_token_s=1.2, open_turn=(1, 5.0, 6.5))]
     late = summarize(outs + cut, stats0, stats1, wall_s=10.0, cutoff_s=6.0, capacity_tokens=1000)
-    assert late["resume_s"]["count"] == 2 and late["resume_s"]["waiting_at_cutoff"] == 1
-    assert late["resume_s"]["median"] == pytest.approx((1.5 + 2.0) / 2) and late["ttft_samples_s"] == [0.5, 0.5, 5.0, 6.0]
+    assert late["resume_s"]["count"] == 3 and late["resume_s"]["waiting_at_cutoff"] == 2
+    assert late["resume_s"]["median"] == pytest.approx(1.5)  # of 1.5, 2.0 and 1.0
+    assert late["ttft_samples_s"] == [0.2, 0.5, 0.5, 5.0, 6.0]
 
 
 def test_turn_timing_splits_admission_resume_and_decode() -> None:
@@ -434,6 +437,8 @@ def test_the_host_memory_is_a_knob_of_the_run_and_bad_values_are_refused(capsys:
     from infercept.cli import main
 
     assert main(["bench", "--host-gib", "0", "--rates", "2", "--out", "/nonexistent/never-written"]) == 2
-    assert "--host-gib must be positive (got 0)" in capsys.readouterr().err
+    assert "--host-gib must be a positive number of GiB (got 0)" in capsys.readouterr().err
+    assert main(["bench", "--host-gib", "nan", "--rates", "2", "--out", "/nonexistent/never-written"]) == 2
+    assert "(got nan)" in capsys.readouterr().err
     assert main(["bench", "--rejudge"]) == 2 and "--rejudge goes with --report" in capsys.readouterr().err
     assert Setting().swap_space_gib == 1.0  # the default every host tier gets

@@ -34,7 +34,7 @@ async def test_resume_loads_evicted_blocks_from_the_host_tier(uses_engine: None)
         # Two other sessions that together need every KV block at once: A's freed blocks are reused, so the
         # device's prefix cache no longer has them.
         usable = TINY_KV_BLOCKS - 1
-        await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
+        b, c = await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
         before = (await engine.stats()).host_tier
         assert before is not None and before.host_blocks == HOST_BLOCKS
         assert before.blocks_stored >= full_blocks + 15 + (usable - 15) - 2  # A's, B's and C's full blocks

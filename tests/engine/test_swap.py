@@ -29,7 +29,7 @@ async def test_swapped_kv_survives_block_reuse(policy_engine: InterceptEngine) -
     # Two other sessions that together need every KV block at once: A's old blocks must be reused.
     block = (await engine.stats()).block_size
     usable = TINY_KV_BLOCKS - 1
-    await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
+    b, c = await fill_kv(engine, (15 * block - 8, 1000, 500), ((usable - 15) * block - 8, 3000, 700))
     [rec] = await engine.intercepts(a.id)
     assert rec.kv_fate == "swap", rec
     counts = await engine.check_integrity()  # also: host buffer contents == what the scheduler expects
