@@ -428,6 +428,13 @@ def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any
             **summary, "by_policy": by_policy}
 
 
+def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) -> float | None:
+    """The SLO's bound on the p99 of a first token, a new request's and a resumed turn's alike: `ttft_factor`
+    x the unloaded reference's TTFT p90 (None: no such rule). One bound for both, since each is the wait
+    for a context to be (re)admitted and its next token computed."""
+    return ttft_factor * unloaded["ttft_p90_s"] if ttft_factor and unloaded.get("ttft_p90_s") else None
+
+
 def slo_clause(slo: Mapping[str, Any]) -> str:
     """The first-token rules of a bench.json's `slo`, as the tables' SLO line states them."""
     out = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""

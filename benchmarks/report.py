@@ -8,12 +8,11 @@ of this project's `infercept` policies or a priors row (`POLICY@MODE`)."""
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, judge, repeatability, slo_clause
+from infercept.benchmarks.metrics import BOUND, first_token_bound, judge, repeatability, slo_clause
 from infercept.benchmarks.points import PointStore, budget_key, reader, repeat_pairs
 from infercept.benchmarks.replay import ABLATION
 
@@ -138,14 +137,15 @@ def interim(out: Path) -> dict[str, Any]:
     if missing:
         raise ValueError(f"not a run's --out folder (its plan.json has no {', '.join(missing)})")
     points = out / "points"
-    refs = [r for when in ("before", "after") if (r := reader(points)(f"reference__{when}")) is not None]
+    get = reader(points)
+    refs = [r for when in ("before", "after") if (r := get(f"reference__{when}")) is not None]
     if not refs:
         raise ValueError("no SLO reference measured yet (points/reference__before.json)")
     unloaded = min(refs, key=lambda r: r["median_s"])
     slo_s = float(plan["slo_factor"]) * unloaded["median_s"]
     factor = plan.get("ttft_factor")
-    bound = factor * unloaded["ttft_p90_s"] if factor and unloaded.get("ttft_p90_s") else None
-    budgets = chosen_budgets(plan, reader(points))
+    bound = first_token_bound(factor, unloaded)
+    budgets = chosen_budgets(plan, get)
     results: dict[str, dict[int, dict[str, Any]]] = {}
     ablation: dict[str, dict[int, dict[str, Any]]] = {}
     abl_labels = {label for _, label in ABLATION} if plan.get("ablation") else set()
@@ -160,7 +160,7 @@ def interim(out: Path) -> dict[str, Any]:
            "ttft_p99_bound_s": bound, "resume_p99_bound_s": bound, "reference_runs": refs}
     head = judge({x: results[x] for x in labels}, slo_s, bound, bound)
     piloted = {x: budgets[x] for x in labels if "@" not in x} if plan.get("tune") else {}
-    pairs = repeat_pairs(reader(points), piloted, int(plan["seeds"][0]), plan.get("pilot_rates") or [])
+    pairs = repeat_pairs(get, piloted, int(plan["seeds"][0]), plan.get("pilot_rates") or [])
     doc = {"interim": True, "policies": labels, "seeds": plan["seeds"], "slo": slo, **head,
            "token_budget": {x: budgets[x] for x in labels},
            "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
@@ -174,7 +174,7 @@ def chosen_budgets(plan: Mapping[str, Any], get: Callable[[str], Any]) -> dict[s
     """Each policy's sweep budget as the runner chose it: the pilot's best (`runner.best_budget`) where
     the plan pilots, the plan's budget where it does not; priors rows take their policy's. A policy whose
     pilot is unfinished has none yet."""
-    from infercept.benchmarks.runner import best_budget, budgets_tried
+    from infercept.benchmarks.runner import best_budget, budgets_tried, pilot_score
 
     s_tokens = int(plan["token_budget"])
     out: dict[str, str] = {}
@@ -190,8 +190,7 @@ def chosen_budgets(plan: Mapping[str, Any], get: Callable[[str], Any]) -> dict[s
                     for r in plan["pilot_rates"]]
             if any(r is None for r in runs):
                 break
-            score = sum(r["normalized_latency_s"]["median"] or math.inf for r in runs)
-            scores[budget_key(b)] = score if math.isfinite(score) else None
+            scores[budget_key(b)] = pilot_score(runs)
         else:
             out[label] = best_budget(scores)
     for label in plan["labels"]:

@@ -44,12 +44,12 @@ import random
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, headline, judge, next_probe, repeatability, slo_clause
+from infercept.benchmarks.metrics import BOUND, first_token_bound, headline, judge, next_probe, repeatability, slo_clause
 from infercept.benchmarks.points import PointStore, budget_key, repeat_pairs
 from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
 from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
@@ -197,6 +197,13 @@ def make_workloads(plan: Plan) -> dict[tuple[int, float], list[Request]]:
 def chunked(label: str) -> bool:
     """Whether the policy caps its iterations at S: then the budget it runs at is its S as well."""
     return policy_spec(variant(label).policy).chunk_at_saturation
+
+
+def pilot_score(runs: Iterable[Mapping[str, Any]]) -> float | None:
+    """A budget's pilot score: the summed median normalized latency over the pilot rates (None: a rate
+    finished no request)."""
+    score = sum(r["normalized_latency_s"]["median"] or math.inf for r in runs)
+    return score if math.isfinite(score) else None
 
 
 def best_budget(scores: Mapping[str, float | None]) -> str:
@@ -351,9 +358,8 @@ async def bench(plan: Plan) -> dict[str, Any]:
             pilot[label] = {}
             for budget in budgets_tried(label, plan.token_budget):
                 runs = await b.runs(label, budget, plan.seeds[0], plan.pilot_rates, "pilot")
-                score = sum(r["normalized_latency_s"]["median"] or math.inf for r in runs.values())
                 pilot[label][budget_key(budget)] = {
-                    "score": score if math.isfinite(score) else None,  # None: a rate finished no request
+                    "score": pilot_score(runs.values()),
                     **{rate: {"normalized_latency_median_s": r["normalized_latency_s"]["median"], "completed": r["completed"],
                               "requests": r["requests"]} for rate, r in runs.items()}}
             best = best_budget({k: v["score"] for k, v in pilot[label].items()})
@@ -418,13 +424,6 @@ async def bench(plan: Plan) -> dict[str, Any]:
     result["plots"] = plots(result, plan.out)
     (plan.out / "bench.json").write_text(json.dumps(result, indent=2, default=lambda o: None if o == float("inf") else str(o)))
     return result
-
-
-def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) -> float | None:
-    """The SLO's bound on the p99 of a first token, a new request's and a resumed turn's alike: `ttft_factor`
-    x the unloaded reference's TTFT p90 (None: no such rule). One bound for both, since each is the wait
-    for a context to be (re)admitted and its next token computed."""
-    return ttft_factor * unloaded["ttft_p90_s"] if ttft_factor and unloaded.get("ttft_p90_s") else None
 
 
 def print_table(result: dict[str, Any]) -> None:

@@ -12,7 +12,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, bound_violations
+from infercept.benchmarks.metrics import BOUND, bound_violations, first_token_bound
 from infercept.benchmarks.runner import context_tokens
 from infercept.benchmarks.sim.report import headline
 from infercept.benchmarks.sim.run import run_policy, unloaded_latency
@@ -64,7 +64,7 @@ def sweep(bench: SimBench, labels: Sequence[str], rates: Sequence[float], durati
     judged = own_slo if slo_s is None else slo_s
     # The benchmark's other rules: the p99 of new requests' time to first token, and of resumed turns' wait
     # for their next token, within ttft_factor x the unloaded TTFT p90.
-    ttft_slo = ttft_factor * calib["ttft_p90_s"] if ttft_factor and calib.get("ttft_p90_s") else None
+    ttft_slo = first_token_bound(ttft_factor, calib)
     head = headline(results, judged, *((ttft_slo, ttft_slo) if slo_s is None else (ttft_slo_s, resume_slo_s)))
     return {
         "workload": workload, "rates": list(rates), "duration_s": duration_s, "seeds": list(seeds), "policies": list(labels),
