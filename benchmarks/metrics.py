@@ -428,6 +428,42 @@ def repeatability(pairs: Sequence[tuple[str, Mapping[str, Any], Mapping[str, Any
             **summary, "by_policy": by_policy}
 
 
+MACHINE_CHECK_RULE = ("one request alone on the idle engine before and after every point (a 1,024-token context, "
+                      "48 tokens): its median time per token against the run's median; a point is slow where either "
+                      "probe is more than `tolerance` slower")
+
+
+def machine_check(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, Any]]]],
+                  tolerance: float = 0.25) -> dict[str, Any] | None:
+    """How steady the machine was across a run's points (label -> seed -> rate -> run), from each point's
+    probes: the run's median time per token, the spread of the probes as factors of it, each policy's
+    median factor (a policy measured on a slower machine than the others is visible here), and the points
+    where the machine was slow. None: no point carries probes (a run made before they existed)."""
+    probes: list[tuple[str, Any, str, float | None, float | None]] = []
+    for label, by_seed in results.items():
+        for seed, by_rate in by_seed.items():
+            for rate, run in by_rate.items():
+                mc = run.get("machine_check")
+                if mc:
+                    probes.append((label, seed, rate, mc.get("before_s_per_token"), mc.get("after_s_per_token")))
+    values = [x for *_, b, a in probes for x in (b, a) if x]
+    if not values:
+        return None
+    mid = statistics.median(values)
+    factors = sorted(x / mid for x in values)
+    slow, by_policy = [], {}
+    for label, seed, rate, before, after in probes:
+        got = [x / mid for x in (before, after) if x]
+        by_policy.setdefault(label, []).extend(got)
+        if got and max(got) > 1 + tolerance:
+            slow.append({"policy": label, "seed": int(seed), "rate": float(rate),
+                         "before_factor": before / mid if before else None, "after_factor": after / mid if after else None})
+    return {"rule": MACHINE_CHECK_RULE, "tolerance": tolerance, "points": len(probes), "median_s_per_token": mid,
+            "factor_p10": pct(factors, 0.1), "factor_p90": pct(factors, 0.9), "factor_max": factors[-1],
+            "by_policy_median_factor": {label: statistics.median(f) for label, f in by_policy.items() if f},
+            "slow_points": slow}
+
+
 def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) -> float | None:
     """The SLO's bound on the p99 of a first token, a new request's and a resumed turn's alike: `ttft_factor`
     x the unloaded reference's TTFT p90 (None: no such rule). One bound for both, since each is the wait

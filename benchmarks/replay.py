@@ -13,6 +13,7 @@ import asyncio
 import dataclasses
 import math
 import random
+import statistics
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,33 @@ from engine_adapter.policy.table import DEFAULT_TTL_S, POLICY_NAMES
 from engine_adapter.paths import configs_dir
 
 REPO = Path(__file__).resolve().parent.parent
+
+# The machine check: one request alone on the idle engine, before and after every point. Its context is
+# the size of the workloads' turns; its time per decoded token is the machine's speed at that moment.
+PROBE_PROMPT = list(range(2000, 3024))
+PROBE_TOKENS = 48
+PROBE_MIN_GAPS = 8
+
+
+async def decode_probe(engine: Any) -> float | None:
+    """The median seconds per decoded token of one request (PROBE_PROMPT, PROBE_TOKENS, EOS ignored)
+    alone on the idle engine; None if the turn ended with fewer than PROBE_MIN_GAPS gaps (a stop string).
+    Outside every measured window: the caller takes its stats after (or before) it."""
+    from engine_adapter.events import TokenDelta
+
+    session = engine.open_session(max_tokens=PROBE_TOKENS, ignore_eos=True)
+    gaps: list[float] = []
+    last: float | None = None
+    try:
+        async for ev in session.turn(PROBE_PROMPT, max_tokens=PROBE_TOKENS):
+            if isinstance(ev, TokenDelta) and ev.token_ids:
+                now = time.perf_counter()
+                if last is not None:  # a delta of several tokens (a slow reader) shares its gap
+                    gaps.extend([(now - last) / len(ev.token_ids)] * len(ev.token_ids))
+                last = now
+    finally:
+        await session.close()
+    return statistics.median(gaps) if len(gaps) >= PROBE_MIN_GAPS else None
 
 
 @dataclass(frozen=True)
@@ -208,6 +236,8 @@ class EngineRun:
         """Replay one workload (arrivals as sampled); requests still running `drain_s` after the last
         arrival are cut off (and counted with a lower bound of their latency)."""
         engine, s = self.engine, self.s
+        probe_before = await decode_probe(engine)
+        await settled_integrity(engine)  # the probe's request gone: the point starts on an empty engine
         stats0 = dataclasses.asdict(await engine.stats())
         outs = self.outcomes = [Outcome(r.rid, r.aug_type, r.arrival_s) for r in reqs]
         t0 = time.monotonic() + 0.05
@@ -223,6 +253,7 @@ class EngineRun:
         out = summarize(outs, stats0, stats1, wall, cutoff, capacity_tokens=s.kv_tokens)
         out |= {"rate": rate, "timed_out": len(pending),
                 "kv_integrity_after": dataclasses.asdict(await settled_integrity(engine))}
+        out["machine_check"] = {"before_s_per_token": probe_before, "after_s_per_token": await decode_probe(engine)}
         return out
 
     async def unloaded(self, reqs: list[Request]) -> dict[str, Any]:
@@ -237,4 +268,5 @@ class EngineRun:
             if o.first_token_s is not None:
                 ttft.append(o.first_token_s - o.arrival_s)
         return {"requests": len(lat), "median_s": pct(lat, 0.5), "p90_s": pct(lat, 0.9),
-                "ttft_median_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9)}
+                "ttft_median_s": pct(ttft, 0.5), "ttft_p90_s": pct(ttft, 0.9),
+                "probe_s_per_token": await decode_probe(self.engine)}

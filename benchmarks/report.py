@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, first_token_bound, judge, repeatability, slo_clause
+from infercept.benchmarks.metrics import BOUND, first_token_bound, judge, machine_check, repeatability, slo_clause
 from infercept.benchmarks.points import PointStore, budget_key, reader, repeat_pairs
 from infercept.benchmarks.replay import ABLATION
 
@@ -93,6 +93,13 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
                      f"{_num(nl['median_factor'], '{:.2f}')} (median; largest {_num(nl['max_factor'], '{:.2f}')}), the TTFT p99 "
                      f"by {_num(tt['median_factor'], '{:.2f}')} (largest {_num(tt['max_factor'], '{:.2f}')}); "
                      f"the SLO verdict differs in {rep['verdicts_differ']} of {rep['pairs']}.")
+    mc = result.get("machine_check")
+    if mc:
+        slow = ", ".join(f"`{x['policy']}` seed {x['seed']} at {x['rate']:g}" for x in mc["slow_points"]) or "none"
+        lines.append(f"Machine check (one request alone on the idle engine before and after each of {mc['points']} points): "
+                     f"{mc['median_s_per_token'] * 1000:.2f} ms/token median, probes within a factor "
+                     f"{_num(mc['factor_p10'], '{:.2f}')}..{_num(mc['factor_p90'], '{:.2f}')} of it (p10..p90; slowest "
+                     f"{mc['factor_max']:.2f}); points where a probe was over {1 + mc['tolerance']:.2f}x: {slow}.")
     return "\n".join(lines)
 
 
@@ -164,7 +171,8 @@ def interim(out: Path) -> dict[str, Any]:
     doc = {"interim": True, "policies": labels, "seeds": plan["seeds"], "slo": slo, **head,
            "token_budget": {x: budgets[x] for x in labels},
            "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
-           "repeatability": repeatability(pairs, slo_s, bound, bound), "results": results}
+           "repeatability": repeatability(pairs, slo_s, bound, bound), "machine_check": machine_check(results),
+           "results": results}
     if ablation:
         doc |= {"ablation_headline": judge(ablation, slo_s, bound, bound)["headline"], "ablation_results": ablation}
     return doc

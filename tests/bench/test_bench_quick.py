@@ -70,6 +70,10 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
         (run,) = d["results"][p]["1"].values()
         check_run(run, d["setting"]["kv_tokens"])
         assert run["kv_integrity_after"]["free"] == run["kv_integrity_after"]["total"]  # nothing leaked
+        # The machine check: one request alone on the idle engine before and after the point.
+        assert all(0 < run["machine_check"][k] < 1 for k in ("before_s_per_token", "after_s_per_token")), run["machine_check"]
+    assert all(0 < r["probe_s_per_token"] < 1 for r in refs)
+    assert d["machine_check"]["points"] == len(policies) and d["machine_check"]["median_s_per_token"] > 0
     for png in d["plots"]:
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert d["plots"] == ["fig2_latency_vs_rate.png"]  # the ablation figure needs --ablation

@@ -14,6 +14,7 @@ from infercept.benchmarks.metrics import (
     bound_violations,
     headline,
     knee,
+    machine_check,
     max_rate_at_slo,
     meets_slo,
     next_probe,
@@ -374,6 +375,28 @@ def test_repeatability_pairs_the_pilots_point_with_the_sweeps_and_says_how_far_t
     assert got == json.loads(json.dumps(rep))
     text = markdown_table({**result, "repeatability": got, "headline": {}, "bound_violations": []})
     assert "Repeatability" in text and "the SLO verdict differs in 1 of 2" in text
+
+
+def test_the_machine_check_names_the_points_measured_on_a_slow_machine() -> None:
+    """Each point's probes (one request alone before and after it) against the run's median: the spread,
+    each policy's median factor and the points where either probe was over the tolerance."""
+    from infercept.benchmarks.report import markdown_table
+
+    mc = lambda before, after: {"machine_check": {"before_s_per_token": before, "after_s_per_token": after}}
+    results = {"a": {1: {"2": mc(0.004, 0.004), "4": mc(0.004, 0.0052)}},  # 1.3x after its 4 req/s point
+               "b": {1: {"2": mc(0.004, 0.004), "4": mc(None, 0.0044)}},  # a probe that saw no tokens: skipped
+               "c": {1: {"2": {}}}}  # a point made before probes existed
+    got = machine_check(results)
+    assert got["points"] == 4 and got["median_s_per_token"] == pytest.approx(0.004)
+    assert got["factor_max"] == pytest.approx(1.3) and got["factor_p10"] == pytest.approx(1.0)
+    assert got["slow_points"] == [{"policy": "a", "seed": 1, "rate": 4.0, "before_factor": pytest.approx(1.0),
+                                   "after_factor": pytest.approx(1.3)}]
+    assert got["by_policy_median_factor"] == {"a": pytest.approx(1.0), "b": pytest.approx(1.0)}
+    assert machine_check({"c": {1: {"2": {}}}}) is None
+    assert machine_check(results, tolerance=0.5)["slow_points"] == []
+    text = markdown_table({"headline": {}, "bound_violations": [], "slo": {"slo_normalized_latency_s": 0.02},
+                           "machine_check": got})
+    assert "Machine check" in text and "4.00 ms/token median" in text and "`a` seed 1 at 4" in text
 
 
 def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", capsys: pytest.CaptureFixture[str]) -> None:
