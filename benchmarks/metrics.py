@@ -176,6 +176,9 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "iterations": w1.get("iterations", 0) - w0.get("iterations", 0),
         "scheduled_tokens": w1.get("scheduled_tokens", 0) - w0.get("scheduled_tokens", 0),
         "scheduler_steps": stats1.get("steps", 0) - stats0.get("steps", 0),
+        # The steps' time outside the forward pass, by part (engine_adapter/intercept/reports.STEP_PARTS):
+        # with forward_s, where a policy's steps go (the simulator has none: its clock is its cost model).
+        "step_parts_s": step_parts(stats0.get("step_parts_s"), stats1.get("step_parts_s")),
         # The swap budget's learned share of a step (`SwapPlanner.overlap`) at the run's end.
         "swap_overlap": (stats1.get("swap") or {}).get("overlap"),
         **{k: t1.get(k, 0) - t0.get(k, 0) for k in (
@@ -186,6 +189,13 @@ def summarize(outs: Sequence[Outcome], stats0: Mapping[str, Any], stats1: Mappin
         "new_request_wait": new_request_wait(stats0.get("admission"), stats1.get("admission")),
         "host_tier": host_tier(stats0.get("host_tier"), stats1.get("host_tier")),
     }
+
+
+def step_parts(p0: Mapping[str, float] | None, p1: Mapping[str, float] | None) -> dict[str, float] | None:
+    """The run's share of the engine's step-part times: their difference (None where not timed)."""
+    if p1 is None:
+        return None
+    return {k: v - (p0 or {}).get(k, 0.0) for k, v in p1.items()}
 
 
 def host_tier(h0: Mapping[str, Any] | None, h1: Mapping[str, Any] | None) -> dict[str, int] | None:
@@ -462,6 +472,25 @@ def machine_check(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, A
             "factor_p10": pct(factors, 0.1), "factor_p90": pct(factors, 0.9), "factor_max": factors[-1],
             "by_policy_median_factor": {label: statistics.median(f) for label, f in by_policy.items() if f},
             "slow_points": slow}
+
+
+def step_breakdown(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, Any]]]]) -> dict[str, dict[str, float]] | None:
+    """Where each policy's engine steps go (label -> seed -> rate -> run): per point, seconds per step with
+    tokens of the forward pass (stalls behind copies included) and of each part outside it
+    (`step_parts_s`), then each policy's median over its points. None: no point timed its step parts."""
+    out: dict[str, dict[str, float]] = {}
+    for label, by_seed in results.items():
+        per: dict[str, list[float]] = {}
+        for by_rate in by_seed.values():
+            for run in by_rate.values():
+                parts, n = run.get("step_parts_s"), run.get("iterations")
+                if not parts or not n:
+                    continue
+                for k, v in {"forward": run["forward_s"], **parts}.items():
+                    per.setdefault(k, []).append(v / n)
+        if per:
+            out[label] = {k: statistics.median(v) for k, v in per.items()} | {"points": len(per["forward"])}
+    return out or None
 
 
 def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) -> float | None:

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, first_token_bound, judge, machine_check, repeatability, slo_clause
+from infercept.benchmarks.metrics import (BOUND, first_token_bound, judge, machine_check, repeatability, slo_clause,
+                                          step_breakdown)
 from infercept.benchmarks.points import PointStore, budget_key, reader, repeat_pairs
 from infercept.benchmarks.replay import ABLATION
 
@@ -100,6 +101,14 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
                      f"{mc['median_s_per_token'] * 1000:.2f} ms/token median, probes within a factor "
                      f"{_num(mc['factor_p10'], '{:.2f}')}..{_num(mc['factor_p90'], '{:.2f}')} of it (p10..p90; slowest "
                      f"{mc['factor_max']:.2f}); points where a probe was over {1 + mc['tolerance']:.2f}x: {slow}.")
+    steps = result.get("step_breakdown")
+    if steps:
+        lines += ["", "Where the engine's steps go: ms per step with tokens, median over each policy's points (forward "
+                  "pass with copy stalls; our scheduler hooks; vLLM's schedule and output handling; the busy gap between "
+                  "steps):", "", "| policy | points | forward | ours | vLLM schedule | vLLM update | between |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| `{label}` | {b['points']} | " + " | ".join(f"{b.get(k, 0) * 1000:.2f}" for k in (
+                  "forward", "ours", "vllm_schedule", "vllm_update", "between")) + " |" for label, b in steps.items()]
     return "\n".join(lines)
 
 
@@ -172,6 +181,7 @@ def interim(out: Path) -> dict[str, Any]:
            "token_budget": {x: budgets[x] for x in labels},
            "points": {x: {str(sd): sorted(float(r) for r in by_rate) for sd, by_rate in results[x].items()} for x in labels},
            "repeatability": repeatability(pairs, slo_s, bound, bound), "machine_check": machine_check(results),
+           "step_breakdown": step_breakdown(results),
            "results": results}
     if ablation:
         doc |= {"ablation_headline": judge(ablation, slo_s, bound, bound)["headline"], "ablation_results": ablation}

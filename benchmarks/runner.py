@@ -49,7 +49,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import BOUND, first_token_bound, headline, judge, machine_check, next_probe, repeatability, slo_clause
+from infercept.benchmarks.metrics import (BOUND, first_token_bound, headline, judge, machine_check, next_probe, repeatability,
+                                          slo_clause, step_breakdown)
 from infercept.benchmarks.points import PointStore, budget_key, repeat_pairs
 from infercept.benchmarks.replay import ABLATION, REPO, EngineRun, Setting, variant
 from infercept.benchmarks.workload import PRIOR_MODES, WORKLOADS, Request, ShareGPT, check_priors, generate, write_priors
@@ -414,7 +415,7 @@ async def bench(plan: Plan) -> dict[str, Any]:
                 "unloaded_ttft_p90_s": unloaded.get("ttft_p90_s"), "ttft_p99_bound_s": ttft_slo_s,
                 "resume_p99_bound_s": ttft_slo_s, "reference_runs": reference},
         "headline": head, "bound_violations": violations, "repeatability": repeatability(pairs, slo_s, ttft_slo_s, ttft_slo_s),
-        "machine_check": machine_check(results),
+        "machine_check": machine_check(results), "step_breakdown": step_breakdown(results),
         "results": results,
     }
     if abl:

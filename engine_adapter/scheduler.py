@@ -36,7 +36,7 @@ from engine_adapter.config import CoreConfig
 from engine_adapter.hints import TURN_END_KEY, parse_hints
 from engine_adapter.intercept.build import build_core
 from engine_adapter.intercept.records import RECORDS_KEY
-from engine_adapter.intercept.reports import check_integrity, engine_stats, to_dict
+from engine_adapter.intercept.reports import STEP_PARTS, check_integrity, engine_stats, to_dict
 from engine_adapter.intercept.state import PauseInfo, ResumeKind
 from engine_adapter.offload_connector import InterceptOffloadingConnector
 from engine_adapter.swap_connector import InterceptSwapConnector, kv_block_bytes, measured_stall_and_window
@@ -73,6 +73,8 @@ class InterceptScheduler(Scheduler):
                                          window_tokens=cfg.trigger_window_tokens)
         self.ic_turn_end_type = cfg.turn_end_type
         self._ic_step_started: float | None = None
+        self.ic.step_parts_s = dict.fromkeys(STEP_PARTS, 0.0)
+        self._ic_output_handled: float | None = None  # when the last step with tokens handled its output
         self._ic_engine_budget = self.max_num_scheduled_tokens  # max_num_batched_tokens: a policy's cap stays within it
         self._ic_scheduled_once: set[str] = set()  # live requests scheduled at least once (the rest are new)
         logger.info("InferCept scheduler: policy=%s triggers=%s", cfg.policy, [t.name for t in cfg.triggers])
@@ -179,12 +181,16 @@ class InterceptScheduler(Scheduler):
 
     # ------------------------------------------------------------------ per iteration
     def schedule(self, *args: Any, **kwargs: Any) -> SchedulerOutput:
+        t0 = time.perf_counter()
+        gap = t0 - self._ic_output_handled if self._ic_output_handled is not None else None
         if self.ic.spec.new_first:
             self.ic_port.waiting_ahead(self.ic.waiting_order)  # before demotion reads the head
         budget = self.ic.before_schedule(self.ic_port.step_view, time.monotonic())
         if budget is not None:
             self.max_num_scheduled_tokens = min(budget, self._ic_engine_budget)
+        t1 = time.perf_counter()
         out = super().schedule(*args, **kwargs)
+        t2 = time.perf_counter()
         self._ic_meter_admission(out)
         # A resumed request's first schedule: a new request, or (when vLLM preempted it at some point
         # before, `num_preemptions`) a resumed one among the cached requests.
@@ -193,6 +199,14 @@ class InterceptScheduler(Scheduler):
         first += [(rid, n) for rid, n in zip(cached.req_ids, cached.num_computed_tokens) if rid in cached.resumed_req_ids]
         self.ic.scheduled(first, out.total_num_scheduled_tokens)
         self._ic_step_started = time.monotonic() if out.total_num_scheduled_tokens else None
+        parts = self.ic.step_parts_s
+        assert parts is not None
+        parts["ours"] += (t1 - t0) + (time.perf_counter() - t2)
+        parts["vllm_schedule"] += t2 - t1
+        if gap is not None and out.total_num_scheduled_tokens:
+            parts["between"] += gap  # busy from the last step with tokens to this one: no idle wait in it
+        else:
+            self._ic_output_handled = None
         return out
 
     def _ic_meter_admission(self, out: SchedulerOutput) -> None:
@@ -208,13 +222,16 @@ class InterceptScheduler(Scheduler):
                                    budget_full=out.total_num_scheduled_tokens >= self.max_num_scheduled_tokens, stop=stop)
 
     def update_from_output(self, scheduler_output: SchedulerOutput, model_runner_output: Any) -> Any:
+        t0 = time.perf_counter()
         if self._ic_step_started is not None:
             # schedule() returned -> the model ran -> its output is here: one iteration's real time.
             seconds, self._ic_step_started = time.monotonic() - self._ic_step_started, None
             stall_s, window_s = measured_stall_and_window(model_runner_output)
             self.ic.step_done(seconds, scheduler_output.num_scheduled_tokens, self.ic_port.resident_tokens(),
                               stall_s, window_s)
+        t1 = time.perf_counter()
         outputs = super().update_from_output(scheduler_output, model_runner_output)
+        t2 = time.perf_counter()
         if self.ic.outbox:
             # The front end learns what became of a pause with the request's next output.
             for eco in outputs.values():
@@ -222,6 +239,12 @@ class InterceptScheduler(Scheduler):
                     recs = self.ic.outbox.pop(o.request_id, None)
                     if recs:
                         o.kv_transfer_params = {**(o.kv_transfer_params or {}), RECORDS_KEY: [r.to_dict() for r in recs]}
+        parts = self.ic.step_parts_s
+        assert parts is not None
+        t3 = time.perf_counter()
+        parts["ours"] += (t1 - t0) + (t3 - t2)
+        parts["vllm_update"] += t2 - t1
+        self._ic_output_handled = t3 if scheduler_output.total_num_scheduled_tokens else None
         return outputs
 
     # ------------------------------------------------------------------ reports (utility calls)

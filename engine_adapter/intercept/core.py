@@ -85,6 +85,9 @@ class InterceptCore:
         self._not_fetched_now: set[str] = set()
         self._seq = 0
         self.steps = 0  # steps vLLM built (schedule calls), empty ones included
+        # Where an engine step's time goes besides the forward pass (`reports.STEP_PARTS`, seconds summed over
+        # steps): timed by vLLM's scheduler, which sets it; None in the simulator, whose clock is the cost model.
+        self.step_parts_s: dict[str, float] | None = None
         self.passed_over_steps = 0  # steps whose new requests went ahead of a blocked resumed head
         self._last_running_tokens = 0  # the running batch's context at the last step (continuum's reload cost)
         self._budget_batch = 1  # B_i the step's swap budget was sized to (`_plan_swaps`)

@@ -117,6 +117,14 @@ class ProfileReport:
     t_fwd_refinement: dict[str, float]  # observed / predicted iteration time per grid point
 
 
+# The parts of an engine step besides the forward pass (whose time is `WasteReport.forward_s`), summed over
+# steps: our scheduler hooks (`ours`: the core before and after vLLM's scheduling and its output handling),
+# vLLM's `schedule()` and `update_from_output()`, and `between`: from one step's output handled to the next
+# step's scheduling while the engine is busy (both steps scheduled tokens): the engine core's loop, its
+# inputs (new requests, resumed turns) and its outputs to the front end.
+STEP_PARTS = ("ours", "vllm_schedule", "vllm_update", "between")
+
+
 @dataclass(frozen=True)
 class EngineStats:
     policy: str
@@ -135,6 +143,8 @@ class EngineStats:
     swap: SwapReport | None = None
     host_tier: HostTierReport | None = None
     admission: AdmissionReport | None = None  # where a scheduler feeds the meter (vLLM's, the simulator's)
+    # Seconds of engine steps outside the forward pass, by part (`STEP_PARTS`); vLLM's scheduler only.
+    step_parts_s: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)
@@ -174,6 +184,7 @@ def engine_stats(core: InterceptCore, counts: BlockCounts, *, running: int, wait
                               {str(k): v for k, v in prof.refinement().items()}),
         swap=swap_report(core), host_tier=host_tier,
         admission=AdmissionReport(dict(core.admission.wait_s), core.admission.admitted) if core.admission.fed else None,
+        step_parts_s=dict(core.step_parts_s) if core.step_parts_s is not None else None,
     )
 
 

@@ -19,6 +19,7 @@ from infercept.benchmarks.metrics import (
     meets_slo,
     next_probe,
     repeatability,
+    step_breakdown,
     summarize,
     turn_timing,
 )
@@ -397,6 +398,25 @@ def test_the_machine_check_names_the_points_measured_on_a_slow_machine() -> None
     text = markdown_table({"headline": {}, "bound_violations": [], "slo": {"slo_normalized_latency_s": 0.02},
                            "machine_check": got})
     assert "Machine check" in text and "4.00 ms/token median" in text and "`a` seed 1 at 4" in text
+
+
+def test_the_step_breakdown_gives_each_policys_time_per_step_by_part() -> None:
+    """Per point, the forward pass and each part outside it divided by the steps with tokens; per policy,
+    the median over its points. Points without step parts (older runs, the simulator) are skipped."""
+    from infercept.benchmarks.report import markdown_table
+
+    pt = lambda fwd, n, between: {"forward_s": fwd, "iterations": n,
+                                  "step_parts_s": {"ours": 0.1, "vllm_schedule": 0.2, "vllm_update": 0.1, "between": between}}
+    results = {"a": {1: {"2": pt(4.0, 1000, 1.0), "4": pt(6.0, 1000, 3.0)}, 2: {"2": pt(5.0, 1000, 2.0)}},
+               "b": {1: {"2": {"forward_s": 3.0, "iterations": 900, "step_parts_s": None}}}}
+    got = step_breakdown(results)
+    assert list(got) == ["a"] and got["a"]["points"] == 3
+    assert got["a"]["forward"] == pytest.approx(0.005) and got["a"]["between"] == pytest.approx(0.002)
+    assert got["a"]["vllm_schedule"] == pytest.approx(0.0002)
+    assert step_breakdown({"b": results["b"]}) is None
+    text = markdown_table({"headline": {}, "bound_violations": [], "slo": {"slo_normalized_latency_s": 0.02},
+                           "step_breakdown": got})
+    assert "| `a` | 3 | 5.00 | 0.10 | 0.20 | 0.10 | 2.00 |" in text
 
 
 def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", capsys: pytest.CaptureFixture[str]) -> None:

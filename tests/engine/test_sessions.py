@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -14,6 +15,7 @@ from engine_adapter.events import (
     SessionClosed,
     TurnEnd,
 )
+from engine_adapter.intercept.reports import STEP_PARTS
 from tests.conftest import TINY_MAX_LEN
 from tests.engine.helpers import wait_all_free
 from tests.waiting import wait_until
@@ -78,6 +80,29 @@ async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: Intercep
     await asyncio.sleep(0.5)
     after = (await engine.stats()).steps
     assert after - before <= 1, f"{after - before} empty steps while only a freed pause existed"
+    await s.close()
+
+
+@pytest.mark.policies("preserve")  # the scheduler subclass times its steps the same under every policy
+async def test_the_engine_times_the_parts_of_its_steps_besides_the_forward_pass(policy_engine: InterceptEngine) -> None:
+    """A step's time outside the forward pass, by part (`STEP_PARTS`), summed over steps: each part grows
+    while the engine works, and with the forward pass they fit in the wall time the turn took; `between`
+    counts only gaps between busy steps, so an idle engine adds nothing to it."""
+    engine = policy_engine
+    st0 = await engine.stats()
+    assert st0.step_parts_s is not None and set(st0.step_parts_s) == set(STEP_PARTS)
+    t0 = time.perf_counter()
+    s = engine.open_session(max_tokens=16, ignore_eos=True)
+    async for _ in s.turn(engine.encode("Count the doors in the hall.")):
+        pass
+    wall = time.perf_counter() - t0
+    st1 = await engine.stats()
+    assert st1.step_parts_s is not None
+    grew = {k: st1.step_parts_s[k] - st0.step_parts_s[k] for k in STEP_PARTS}
+    assert all(v > 0 for v in grew.values()), grew
+    assert sum(grew.values()) + st1.waste.forward_s - st0.waste.forward_s < wall
+    await asyncio.sleep(0.3)  # idle (the turn is paused): steps without tokens add nothing to `between`
+    assert (await engine.stats()).step_parts_s["between"] == st1.step_parts_s["between"]  # type: ignore[index]
     await s.close()
 
 
