@@ -477,7 +477,8 @@ def machine_check(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, A
 def step_breakdown(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, Any]]]]) -> dict[str, dict[str, float]] | None:
     """Where each policy's engine steps go (label -> seed -> rate -> run): per point, seconds per step with
     tokens of the forward pass (stalls behind copies included) and of each part outside it
-    (`step_parts_s`), then each policy's median over its points. None: no point timed its step parts."""
+    (`step_parts_s`; `empty`, the steps without tokens, spread over those with), then each policy's median
+    over its points. None: no point timed its step parts."""
     out: dict[str, dict[str, float]] = {}
     for label, by_seed in results.items():
         per: dict[str, list[float]] = {}

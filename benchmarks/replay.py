@@ -36,7 +36,8 @@ PROBE_MIN_GAPS = 8
 async def decode_probe(engine: Any) -> float | None:
     """The median seconds per decoded token of one request (PROBE_PROMPT, PROBE_TOKENS, EOS ignored)
     alone on the idle engine; None if the turn ended with fewer than PROBE_MIN_GAPS gaps (a stop string).
-    Outside every measured window: the caller takes its stats after (or before) it."""
+    Outside every measured window: the caller takes its stats after (or before) it. Its steps teach the
+    engine's T_fwd refinement what one-token and 1,024-token steps take, as the warm-up's do."""
     from engine_adapter.events import TokenDelta
 
     session = engine.open_session(max_tokens=PROBE_TOKENS, ignore_eos=True)

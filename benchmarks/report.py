@@ -104,11 +104,12 @@ def markdown_table(result: Mapping[str, Any], order: Sequence[str] | None = None
     steps = result.get("step_breakdown")
     if steps:
         lines += ["", "Where the engine's steps go: ms per step with tokens, median over each policy's points (forward "
-                  "pass with copy stalls; our scheduler hooks; vLLM's schedule and output handling; the busy gap between "
-                  "steps):", "", "| policy | points | forward | ours | vLLM schedule | vLLM update | between |",
-                  "|---|---|---|---|---|---|---|"]
+                  "pass with copy stalls; our core around vLLM's calls; vLLM's schedule and output handling, with our "
+                  "hooks inside them; the busy gap between steps; steps without tokens):", "",
+                  "| policy | points | forward | ours | vLLM schedule | vLLM update | between | empty steps |",
+                  "|---|---|---|---|---|---|---|---|"]
         lines += [f"| `{label}` | {b['points']} | " + " | ".join(f"{b.get(k, 0) * 1000:.2f}" for k in (
-                  "forward", "ours", "vllm_schedule", "vllm_update", "between")) + " |" for label, b in steps.items()]
+                  "forward", "ours", "vllm_schedule", "vllm_update", "between", "empty")) + " |" for label, b in steps.items()]
     return "\n".join(lines)
 
 

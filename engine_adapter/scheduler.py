@@ -201,11 +201,14 @@ class InterceptScheduler(Scheduler):
         self._ic_step_started = time.monotonic() if out.total_num_scheduled_tokens else None
         parts = self.ic.step_parts_s
         assert parts is not None
-        parts["ours"] += (t1 - t0) + (time.perf_counter() - t2)
-        parts["vllm_schedule"] += t2 - t1
-        if gap is not None and out.total_num_scheduled_tokens:
-            parts["between"] += gap  # busy from the last step with tokens to this one: no idle wait in it
+        t3 = time.perf_counter()
+        if out.total_num_scheduled_tokens:
+            parts["ours"] += (t1 - t0) + (t3 - t2)
+            parts["vllm_schedule"] += t2 - t1
+            if gap is not None:
+                parts["between"] += gap  # busy from the last step with tokens to this one: no idle wait in it
         else:
+            parts["empty"] += t3 - t0
             self._ic_output_handled = None
         return out
 
@@ -242,9 +245,14 @@ class InterceptScheduler(Scheduler):
         parts = self.ic.step_parts_s
         assert parts is not None
         t3 = time.perf_counter()
-        parts["ours"] += (t1 - t0) + (t3 - t2)
-        parts["vllm_update"] += t2 - t1
-        self._ic_output_handled = t3 if scheduler_output.total_num_scheduled_tokens else None
+        if scheduler_output.total_num_scheduled_tokens:
+            parts["ours"] += (t1 - t0) + (t3 - t2)
+            parts["vllm_update"] += t2 - t1
+            # The gap to the next step is busy only while vLLM has requests: without, its loop blocks on
+            # its input queue (a paused request whose KV went is not one: `get_num_unfinished_requests`).
+            self._ic_output_handled = t3 if self.has_requests() else None
+        else:
+            parts["empty"] += t3 - t0
         return outputs
 
     # ------------------------------------------------------------------ reports (utility calls)

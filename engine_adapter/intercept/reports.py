@@ -118,11 +118,14 @@ class ProfileReport:
 
 
 # The parts of an engine step besides the forward pass (whose time is `WasteReport.forward_s`), summed over
-# steps: our scheduler hooks (`ours`: the core before and after vLLM's scheduling and its output handling),
-# vLLM's `schedule()` and `update_from_output()`, and `between`: from one step's output handled to the next
-# step's scheduling while the engine is busy (both steps scheduled tokens): the engine core's loop, its
-# inputs (new requests, resumed turns) and its outputs to the front end.
-STEP_PARTS = ("ours", "vllm_schedule", "vllm_update", "between")
+# the steps that scheduled tokens: `ours`, the core's work before and after vLLM's `schedule()` and
+# `update_from_output()` (the budget, demotions, admission metering, pause records); those two calls
+# themselves (`vllm_schedule`, `vllm_update`: they include our hooks that vLLM calls from inside them, the
+# connectors' metadata and lookups, the trigger matcher, pausing and closing); `between`, from one step's
+# output handled to the next step's scheduling while vLLM had requests (its loop does not block then): its
+# inputs (new requests, resumed turns: `_update_request_as_session`) and handing outputs to its output
+# thread. `empty`: the whole schedule and update calls of steps that scheduled nothing.
+STEP_PARTS = ("ours", "vllm_schedule", "vllm_update", "between", "empty")
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def test_quick_bench_writes_complete_results(tmp_path: Path, uses_engine: None) 
         # The machine check: one request alone on the idle engine before and after the point.
         assert all(0 < run["machine_check"][k] < 1 for k in ("before_s_per_token", "after_s_per_token")), run["machine_check"]
         # The steps' time outside the forward pass, by part: each a time the engine spent (the simulator has none).
-        assert set(run["step_parts_s"]) == {"ours", "vllm_schedule", "vllm_update", "between"}
+        assert set(run["step_parts_s"]) == {"ours", "vllm_schedule", "vllm_update", "between", "empty"}
         assert all(v >= 0 for v in run["step_parts_s"].values()) and run["step_parts_s"]["vllm_schedule"] > 0
     assert all(0 < r["probe_s_per_token"] < 1 for r in refs)
     assert d["machine_check"]["points"] == len(policies) and d["machine_check"]["median_s_per_token"] > 0

@@ -416,7 +416,7 @@ def test_the_step_breakdown_gives_each_policys_time_per_step_by_part() -> None:
     assert step_breakdown({"b": results["b"]}) is None
     text = markdown_table({"headline": {}, "bound_violations": [], "slo": {"slo_normalized_latency_s": 0.02},
                            "step_breakdown": got})
-    assert "| `a` | 3 | 5.00 | 0.10 | 0.20 | 0.10 | 2.00 |" in text
+    assert "| `a` | 3 | 5.00 | 0.10 | 0.20 | 0.10 | 2.00 | 0.00 |" in text  # points without `empty` (older runs): 0
 
 
 def test_a_run_under_way_is_reported_from_its_points_so_far(tmp_path: "Path", capsys: pytest.CaptureFixture[str]) -> None:

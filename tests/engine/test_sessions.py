@@ -85,9 +85,9 @@ async def test_a_pause_without_kv_leaves_the_engine_idle(policy_engine: Intercep
 
 @pytest.mark.policies("preserve")  # the scheduler subclass times its steps the same under every policy
 async def test_the_engine_times_the_parts_of_its_steps_besides_the_forward_pass(policy_engine: InterceptEngine) -> None:
-    """A step's time outside the forward pass, by part (`STEP_PARTS`), summed over steps: each part grows
-    while the engine works, and with the forward pass they fit in the wall time the turn took; `between`
-    counts only gaps between busy steps, so an idle engine adds nothing to it."""
+    """A step's time outside the forward pass, by part (`STEP_PARTS`), summed over the steps with tokens:
+    each part grows while the engine works, and with the forward pass they fit in the wall time the turn
+    took. While the turn is paused nothing is scheduled, so only `empty` may grow."""
     engine = policy_engine
     st0 = await engine.stats()
     assert st0.step_parts_s is not None and set(st0.step_parts_s) == set(STEP_PARTS)
@@ -98,11 +98,33 @@ async def test_the_engine_times_the_parts_of_its_steps_besides_the_forward_pass(
     wall = time.perf_counter() - t0
     st1 = await engine.stats()
     assert st1.step_parts_s is not None
-    grew = {k: st1.step_parts_s[k] - st0.step_parts_s[k] for k in STEP_PARTS}
+    busy = [k for k in STEP_PARTS if k != "empty"]
+    grew = {k: st1.step_parts_s[k] - st0.step_parts_s[k] for k in busy}
     assert all(v > 0 for v in grew.values()), grew
     assert sum(grew.values()) + st1.waste.forward_s - st0.waste.forward_s < wall
-    await asyncio.sleep(0.3)  # idle (the turn is paused): steps without tokens add nothing to `between`
-    assert (await engine.stats()).step_parts_s["between"] == st1.step_parts_s["between"]  # type: ignore[index]
+    await asyncio.sleep(0.3)  # paused (`preserve` keeps its KV): no step schedules tokens
+    st2 = await engine.stats()
+    assert st2.step_parts_s is not None
+    assert {k: st2.step_parts_s[k] for k in busy} == {k: st1.step_parts_s[k] for k in busy}
+    assert st2.step_parts_s["empty"] >= st1.step_parts_s["empty"]
+    await s.close()
+
+
+@pytest.mark.policies("discard")  # the paused request's KV goes: vLLM has no request and its loop blocks
+async def test_an_idle_engine_is_not_counted_as_a_busy_gap_between_steps(policy_engine: InterceptEngine) -> None:
+    """`between` is the gap from one step with tokens to the next while vLLM has requests; a call's wait,
+    during which the engine core blocks on its input queue, must not land in it."""
+    engine = policy_engine
+    s = engine.open_session(max_tokens=8, ignore_eos=True)
+    async for _ in s.turn(engine.encode("Count the doors in the hall.")):
+        pass
+    before = (await engine.stats()).step_parts_s
+    await asyncio.sleep(0.5)
+    async for _ in s.turn(engine.encode(" And the windows?")):
+        pass
+    after = (await engine.stats()).step_parts_s
+    assert before is not None and after is not None
+    assert 0 < after["between"] - before["between"] < 0.25, (before, after)
     await s.close()
 
 
