@@ -74,6 +74,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-from", metavar="BENCH_JSON",
                    help="--sensitivity: start every cell from that bench run's profile, setting and cost constants "
                         "(fitted on it as --validate fits them)")
+    p.add_argument("--at-machine-speed", action="store_true",
+                   help="--validate: replay each point at the machine speed its machine check measured (the mean of its two probes over "
+                        "the SLO reference's), the cost fits included; a bench made before the machine check is refused")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 
@@ -153,7 +156,7 @@ def main(args: argparse.Namespace) -> int:
         from infercept.benchmarks.sim.validate import print_validation, validate
 
         v = validate(args.validate, policies=_labels(args, ()) or None, token_budget=args.token_budget,
-                     **_cost_args(args))
+                     machine_speed=args.at_machine_speed, **_cost_args(args))
         v = {**made_by, **v}
         print_validation(v)
         _write(v, Path(args.out or "results/sim/validation.json"))

@@ -45,6 +45,10 @@ class SimEngine:
                  frontend_s: tuple[float, float] = (0.0, 0.0), host_per_request_s: float = 0.0,
                  step_overhead_s: float = 0.0, window_share: float = 1.0) -> None:
         self.sched, self.cost, self.oracle = sched, cost, oracle
+        # The machine's speed relative to the one the costs describe (1.0): every step's compute and host time
+        # is multiplied by it (the emulated link is not). A validation sets it per run from the bench point's
+        # measured machine check, so that the replay meets the machine that point met.
+        self.speed = 1.0
         self.core = core_factory(sched)
         sched.core = self.core
         self.bs = sched.bs
@@ -163,7 +167,7 @@ class SimEngine:
         fwd = self.cost.forward_s(out.load)
         fixed = self.step_overhead_s + self.host_per_request_s * len(sched.requests)  # host time of a step built
         if fwd:
-            fwd += fixed
+            fwd = (fwd + fixed) * self.speed
         window = fwd * self.window_share  # the workers' forward window: what copies hide behind
         copy = copies_s(core.profile, len(copies.swap_out) * self.bs, len(copies.swap_in) * self.bs) if copies else 0.0
         if copies is not None and copies.loads_done:

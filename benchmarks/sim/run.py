@@ -7,7 +7,7 @@ capacity, recompute share, ...), plus what only a simulator knows (the true swap
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infercept.benchmarks.metrics import Outcome, Turn, summarize
@@ -75,13 +75,14 @@ def run_rate(eng: SimEngine, reqs: list[SimRequest], drain_s: float, capacity_to
 
 
 def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]], drain_s: float,
-               check_every: int = 0) -> tuple[dict[str, Any], dict[str, Any]]:
+               check_every: int = 0, speeds: Mapping[float, float] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(results per rate, engine info) for one policy label and one seed's workloads, as the runner's
     `run_sweep` runs one `EngineRun`."""
     eng = bench.engine(label, check_every=check_every)
     results: dict[str, Any] = {}
     for rate, reqs in workloads.items():
         sims = sim_requests(reqs, bench, label, prefix=f"{rate:g}-")
+        eng.speed = (speeds or {}).get(rate, 1.0)  # the machine's speed at this rate's run (`SimEngine.speed`)
         results[f"{rate:g}"] = run_rate(eng, sims, drain_s, bench.setting.kv_tokens) | {"rate": rate}
     info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "kv_blocks": eng.sched.pool.num_blocks,
             "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from infercept.benchmarks.metrics import BOUND, bound_violations, first_token_bound
@@ -24,10 +24,12 @@ from infercept.benchmarks.workload import WORKLOADS
 def sweep(bench: SimBench, labels: Sequence[str], rates: Sequence[float], duration_s: float, seeds: Sequence[int], *,
           workload: str = "mixed", slo_factor: float = 5.0, slo_s: float | None = None, ttft_factor: float | None = 10.0,
           ttft_slo_s: float | None = None, resume_slo_s: float | None = None,
-          sharegpt_model: str | None = None, verbose: bool = True) -> dict[str, Any]:
+          sharegpt_model: str | None = None, verbose: bool = True,
+          speeds: Mapping[str, Mapping[int, Mapping[float, float]]] | None = None) -> dict[str, Any]:
     """`slo_s` (with `ttft_slo_s` and `resume_slo_s`, the bounds on the p99 of new requests' time to first
     token and of resumed turns' wait for their next token): judge the headline by these instead of the
-    simulated calibration's (which is reported all the same; it bounds both first tokens alike)."""
+    simulated calibration's (which is reported all the same; it bounds both first tokens alike). `speeds`:
+    the machine's speed per policy label, seed and rate (`SimEngine.speed`; 1.0 where not given)."""
     s = bench.setting
     results: dict[str, dict[int, dict[str, Any]]] = {lab: {} for lab in labels}
     notes: set[str] = set()
@@ -53,7 +55,7 @@ def sweep(bench: SimBench, labels: Sequence[str], rates: Sequence[float], durati
             calib = unloaded_latency(eng, bench, BOUND, w[min(rates)])
         for lab in labels:
             t0 = time.time()
-            results[lab][seed], engines[lab] = run_policy(bench, lab, w, s.drain_s)
+            results[lab][seed], engines[lab] = run_policy(bench, lab, w, s.drain_s, speeds=((speeds or {}).get(lab) or {}).get(seed))
             if verbose:
                 print(f"  seed {seed} {lab:18s} {time.time() - t0:6.1f} s wall  "
                       + "  ".join(f"{r}: {x['normalized_latency_s']['median'] * 1000:.1f} ms" for r, x in results[lab][seed].items()

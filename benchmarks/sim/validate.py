@@ -97,11 +97,35 @@ def measured_window_share(bj: Mapping[str, Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
+def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str]) -> dict[str, dict[int, dict[float, float]]]:
+    """Each measured point's machine speed relative to the SLO reference's (`SimEngine.speed`): the mean of
+    the point's machine-check probes (one request alone on the idle engine before and after it) over the
+    probe of the reference the bench kept (the faster one), by label, seed and rate. The reference is where
+    the simulator's costs are calibrated (`_fit_step_overhead`), so it is speed 1. A bench without the probes
+    (made before the machine check) cannot be replayed so: an error naming what is missing."""
+    refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
+    if not refs:
+        raise ValueError("this bench recorded no machine check for its SLO reference (slo.reference_runs[].probe_s_per_token): "
+                         "it cannot be replayed at its measured machine speed")
+    ref = min(refs, key=lambda r: r["median_s"])["probe_s_per_token"]  # the faster reference is the one kept
+    out: dict[str, dict[int, dict[float, float]]] = {}
+    for lab in labels:
+        for seed, runs in ((bj.get("results") or {}).get(lab) or {}).items():
+            for r in runs.values():
+                mc = r.get("machine_check") or {}
+                probes = [p for p in (mc.get("before_s_per_token"), mc.get("after_s_per_token")) if p]
+                if not probes:
+                    raise ValueError(f"{lab}, seed {seed}, {r.get('rate')} req/s: no machine check in the bench's point")
+                out.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = statistics.fmean(probes) / ref
+    return out
+
+
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = DEFAULT_FIT_ON,
              decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
-             window_share: float | None = None, chunk_step_s: float | None = None, verbose: bool = True) -> dict[str, Any]:
+             window_share: float | None = None, chunk_step_s: float | None = None, verbose: bool = True,
+             machine_speed: bool = False) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose median latencies are closest to the measured ones, `_fit_grid`);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
@@ -111,7 +135,8 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     `fit_recompute_on`: after the host time, fit on that policy alone a multiple of the profile's
     attention cost per (query, earlier key) pair, the cost a chunk of a recompute (or of a chunked
     prompt) pays over the context before it and a lone prompt of the grid never does; fitting the host
-    time then on a policy that never recomputes (the bound) keeps the two apart."""
+    time then on a policy that never recomputes (the bound) keeps the two apart. `machine_speed`: replay
+    every point at the machine speed its machine check measured (`machine_speeds`), the fits included."""
     bj = read_bench(bench_path)
     # Unnamed: every policy of the bench the simulator models (the others are listed in the report).
     skipped = [] if policies else [lab for lab in bj["policies"] if not simulable(lab)]
@@ -121,18 +146,19 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     cost = fit_cost(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                     host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, fit_on=fit_on,
                     decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
-                    window_share=window_share, chunk_step_s=chunk_step_s)
+                    window_share=window_share, chunk_step_s=chunk_step_s, machine_speed=machine_speed)
     kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
-    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, **kw)
+    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, machine_speed=machine_speed, **kw)
     v["bench"] = str(bench_path)
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"].update(cost.fits())
     v["not_simulated"] = skipped
     if spill is not None:
-        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, **{**kw, "spill": None})
+        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, machine_speed=machine_speed,
+                            **{**kw, "spill": None})
         v["without_decode_spill"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     if host_per_request_s:
-        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, **kw)
+        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, machine_speed=machine_speed, **kw)
         v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     return v
 
@@ -163,7 +189,7 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None,
              fit_on: str | None = DEFAULT_FIT_ON, decode_grid: str | Path | None = None, cache_cliff: bool = False,
              fit_recompute_on: str | None = None, window_share: float | None = None,
-             chunk_step_s: float | None = None) -> FittedCost:
+             chunk_step_s: float | None = None, machine_speed: bool = False) -> FittedCost:
     """The cost constants the bench's machine had (see `validate`), each given or fitted on the bench.
     `window_share`: given, or the bench's measured one (`measured_window_share`); 1.0 (copies hide
     behind the whole step) where the bench did not record it, said so in `window_share_source`."""
@@ -203,11 +229,12 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
         if fit_on is None:
             host_per_request_s = 0.0
         else:
-            fit = _fit_host(bj, fit_on, **kw)
+            fit = _fit_host(bj, fit_on, machine_speed=machine_speed, **kw)
             host_per_request_s = fit["host_per_request_s"]
     pair_fit = None
     if fit_recompute_on is not None:
-        pair_fit = _fit_grid(bj, fit_recompute_on, "pair_scale", PAIR_SCALE_GRID, host_per_request_s=host_per_request_s, **kw)
+        pair_fit = _fit_grid(bj, fit_recompute_on, "pair_scale", PAIR_SCALE_GRID, host_per_request_s=host_per_request_s,
+                             machine_speed=machine_speed, **kw)
         kw["pair_scale"] = pair_fit["pair_scale"]
     return FittedCost(kw, host_per_request_s, spill, fit, pair_fit, step,
                       str(decode_grid) if decode_grid is not None else None, source)
@@ -252,7 +279,7 @@ def _fit_grid(bj: Mapping[str, Any], label: str, name: str, grid: Sequence[float
     of one policy, not only its headline, which one noisy seed can move. Ties go to the smallest."""
     trials = []
     for c in grid:
-        v = _validate(bj, [label], verbose=False, **{**kw, name: c})
+        v = _validate(bj, [label], verbose=False, **{**kw, name: c})  # kw: the cost constants and machine_speed
         p = v["policies"][label]
         errs = [abs(math.log(x["simulated"]["median_normalized_latency_s"] / x["measured"]["median_normalized_latency_s"]))
                 for x in v["per_rate"][label].values()
@@ -268,7 +295,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
               spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0,
-              chunk_step_s: float | None = None) -> dict[str, Any]:
+              chunk_step_s: float | None = None, machine_speed: bool = False) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
@@ -286,9 +313,10 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     # simulator runs them all, so that both knees are found on the same points.
     tried = sorted({float(r["rate"]) for lab in labels for runs in (bj["results"].get(lab) or {}).values() for r in runs.values()}
                    | {float(r) for r in bj["rates"]})
+    speeds = machine_speeds(bj, labels) if machine_speed else None
     res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo,
-                sharegpt_model=sharegpt, verbose=verbose)
+                sharegpt_model=sharegpt, verbose=verbose, speeds=speeds)
     # The simulator's own SLO, by the rules the bench was judged by (no resume bound for a run before it).
     own = headline(res["results"], res["slo"]["slo_normalized_latency_s"], res["slo"]["ttft_p99_bound_s"],
                    res["slo"]["resume_p99_bound_s"] if resume_slo is not None else None)
@@ -333,7 +361,10 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                        "frontend_in_out_s": list(sb.frontend()), "host_per_request_s": sb.host_per_request_s,
                        "step_overhead_s": sb.step_overhead_s, "chunk_step_s": sb.chunk_s(),
                        "chunk_step_source": "given" if chunk_step_s is not None else
-                       ("the profile's extra.chunk_step_s" if "chunk_step_s" in sb.profile.extra else "not in the profile: 0")},
+                       ("the profile's extra.chunk_step_s" if "chunk_step_s" in sb.profile.extra else "not in the profile: 0"),
+                       "machine_speed": ("each point at its machine check's speed over the SLO reference's (machine_speeds)"
+                                         if machine_speed else "not applied: every point at the profile's speed")},
+        "machine_speeds": speeds,
         "seeds": seeds, "rates": res["rates"], "token_budget": res["token_budget"],
         "setting": {k: res["setting"][k] for k in ("kv_tokens", "unlimited_kv_tokens", "block_size", "max_num_seqs",
                                                     "swap_space_gib", "swap_link_gbps", "time_scale", "drain_s")},

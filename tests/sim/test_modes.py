@@ -121,6 +121,38 @@ def test_validation_takes_the_window_share_the_bench_measured_and_refuses_a_fit_
         validate(bench, policies=["infercept"], fit_on="swap", step_overhead_s=0.0, verbose=False)
 
 
+def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: Path) -> None:
+    bench = fake_bench(tmp_path / "bench.json")
+    bj = json.loads(bench.read_text())
+    # Two references, the faster kept (the bench's rule): its probe (2 ms/token) is speed 1.
+    bj["slo"]["reference_runs"] = [{"median_s": 0.005, "probe_s_per_token": 0.002}, {"median_s": 0.006, "probe_s_per_token": 0.0025}]
+    for lab, by_seed in bj["results"].items():
+        for seed, runs in by_seed.items():
+            for rate, r in runs.items():
+                slow = 2.0 if (lab, seed, rate) == ("unlimited-kv", "3", "4") else 1.0
+                r["machine_check"] = {"before_s_per_token": 0.002 * slow, "after_s_per_token": 0.002 * slow}
+    bj["results"]["discard"]["4"]["2"]["machine_check"] = {"before_s_per_token": 0.002, "after_s_per_token": 0.003}
+    bench.write_text(json.dumps(bj))
+    kw: dict[str, Any] = {"policies": ["discard", "unlimited-kv"], "host_per_request_s": 0.0, "step_overhead_s": 0.0, "verbose": False}
+    plain = validate(bench, **kw)
+    timed = validate(bench, machine_speed=True, **kw)
+    speeds = timed["machine_speeds"]
+    assert speeds["discard"][4][2.0] == pytest.approx(1.25) and speeds["unlimited-kv"][3][4.0] == pytest.approx(2.0)
+    assert speeds["unlimited-kv"][4][4.0] == pytest.approx(1.0)
+    assert plain["machine_speeds"] is None and "not applied" in plain["cost_model"]["machine_speed"]
+    def fwd(v: dict[str, Any], lab: str, point: str) -> float:
+        return v["per_rate"][lab][point]["simulated"]["forward_s"]
+    # The point the machine ran at half speed computes longer (not twice: its slower steps batch more requests
+    # each); a point at speed 1 is replayed as before.
+    assert fwd(timed, "unlimited-kv", "3/4") > 1.3 * fwd(plain, "unlimited-kv", "3/4")
+    assert fwd(timed, "unlimited-kv", "4/4") == pytest.approx(fwd(plain, "unlimited-kv", "4/4"))
+    # A bench made before the machine check cannot be replayed so: an error, not speed 1.
+    del bj["slo"]["reference_runs"]
+    bench.write_text(json.dumps(bj))
+    with pytest.raises(ValueError, match="no machine check for its SLO reference"):
+        validate(bench, machine_speed=True, **kw)
+
+
 def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on_another(tmp_path: Path) -> None:
     bench = fake_bench(tmp_path / "bench.json")
     v = validate(bench, fit_on="unlimited-kv", fit_recompute_on="discard", step_overhead_s=0.001, verbose=False)
