@@ -97,11 +97,13 @@ def measured_window_share(bj: Mapping[str, Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str]) -> dict[str, dict[int, dict[float, float]]]:
+def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence[float] = ()) -> dict[str, dict[int, dict[float, float]]]:
     """Each measured point's machine speed relative to the SLO reference's (`SimEngine.speed`): the mean of
     the point's machine-check probes (one request alone on the idle engine before and after it) over the
     probe of the reference the bench kept (the faster one), by label, seed and rate. The reference is where
-    the simulator's costs are calibrated (`_fit_step_overhead`), so it is speed 1. A bench without the probes
+    the simulator's costs are calibrated (`_fit_step_overhead`), so it is speed 1. `rates`: every rate the
+    replay runs; one the bench did not measure for a policy and seed (another policy's bisection probe) gets the
+    median of that policy's measured speeds, not the reference's (a fast moment). A bench without the probes
     (made before the machine check) cannot be replayed so: an error naming what is missing."""
     refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
     if not refs:
@@ -117,6 +119,11 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str]) -> dict[str, di
                 if not probes:
                     raise ValueError(f"{lab}, seed {seed}, {r.get('rate')} req/s: no machine check in the bench's point")
                 out.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = statistics.fmean(probes) / ref
+    for by_seed in out.values():
+        typical = statistics.median(x for by_rate in by_seed.values() for x in by_rate.values())
+        for by_rate in by_seed.values():
+            for rate in rates:
+                by_rate.setdefault(float(rate), typical)
     return out
 
 
@@ -313,7 +320,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     # simulator runs them all, so that both knees are found on the same points.
     tried = sorted({float(r["rate"]) for lab in labels for runs in (bj["results"].get(lab) or {}).values() for r in runs.values()}
                    | {float(r) for r in bj["rates"]})
-    speeds = machine_speeds(bj, labels) if machine_speed else None
+    speeds = machine_speeds(bj, labels, tried) if machine_speed else None
     res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo,
                 sharegpt_model=sharegpt, verbose=verbose, speeds=speeds)

@@ -14,7 +14,7 @@ from infercept.benchmarks.replay import REPO, Setting
 from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replicas_needed, request_pool, sessions_at_slo
 from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.sweep import sweep
-from infercept.benchmarks.sim.validate import validate
+from infercept.benchmarks.sim.validate import machine_speeds, validate
 from tests.sim.helpers import toy_bench
 from tests.bench.shape import check_headline, check_run
 
@@ -139,6 +139,10 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     speeds = timed["machine_speeds"]
     assert speeds["discard"][4][2.0] == pytest.approx(1.25) and speeds["unlimited-kv"][3][4.0] == pytest.approx(2.0)
     assert speeds["unlimited-kv"][4][4.0] == pytest.approx(1.0)
+    # A rate the bench never ran for a policy is replayed at that policy's median speed, not the reference's.
+    del bj["results"]["discard"]["3"]["4"]
+    assert machine_speeds(bj, ["discard"], [2.0, 4.0])["discard"][3][4.0] == pytest.approx(1.0)  # median of 1, 1, 1.25
+    assert machine_speeds(bj, ["unlimited-kv"], [2.0, 3.0])["unlimited-kv"][4][3.0] == pytest.approx(1.0)  # of 1, 1, 1, 2
     assert plain["machine_speeds"] is None and "not applied" in plain["cost_model"]["machine_speed"]
     def fwd(v: dict[str, Any], lab: str, point: str) -> float:
         return v["per_rate"][lab][point]["simulated"]["forward_s"]
