@@ -1,7 +1,7 @@
 """The per-point numbers docs/results.md quotes for a full run at one rate: forward seconds as a share of
 wall time, steps and ms per step, median normalized latency, and the rank correlation between each point's
 machine probe (mean of before and after) and its median latency (at that rate, and over every sweep
-point). Reads the points only (no engine, seconds of CPU):
+point). Reads the points only (no engine, seconds of CPU); in infercept's venv (scipy):
 
     python results/bench/knee_stats.py results/bench/qa-full 2
 """
@@ -13,26 +13,7 @@ import statistics
 import sys
 from pathlib import Path
 
-
-def rank(xs: list[float]) -> list[float]:
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):  # ties share their mean rank
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2
-        i = j + 1
-    return r
-
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    rx, ry = rank(xs), rank(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+from scipy.stats import spearmanr
 
 
 def sweep_points(run: Path) -> list[dict]:
@@ -73,7 +54,7 @@ def main(run: Path, rate: float) -> None:
           f"median latency {1e3 * min(d['normalized_latency_s']['median'] for d in at):.1f}..{1e3 * max(d['normalized_latency_s']['median'] for d in at):.1f} ms/token")
     for name, ds in ((f"at {rate:g} req/s", at), ("over every sweep point", points)):
         pairs = [(probe(d), d["normalized_latency_s"]["median"]) for d in ds if probe(d) and d["normalized_latency_s"]["median"]]
-        print(f"rank correlation, probe vs median latency, {name}: {spearman(*map(list, zip(*pairs))):.2f} ({len(pairs)} points)")
+        print(f"rank correlation, probe vs median latency, {name}: {spearmanr(*zip(*pairs)).statistic:.2f} ({len(pairs)} points)")
 
 
 if __name__ == "__main__":
