@@ -5,9 +5,10 @@ request waits, as an asynchronous KV load, for the rest of the copy in place).
 
 Timing: the oracle estimator with each call's true duration in the session's hint (the prefetch starts
 when the remaining time falls within the copy's horizon), a pinned profile (10 ms steps) and an emulated
-link slow enough that a step moves one to four of the context's 15 blocks, and a second session whose
-decoding keeps the engine stepping (with nothing running the engine does not step, and a prefetch under
-way waits)."""
+link slow enough that a step moves a few of the context's 40 blocks. With nothing running the engine does
+not step, and a copy under way waits: the first case keeps the engine stepping with a second session's
+decode; the second drives the steps one at a time, so that the resume can be sent while the engine is
+idle and the copy unfinished (racing it against a decode lost the race on a slower machine)."""
 
 from __future__ import annotations
 
@@ -25,9 +26,12 @@ from tests.conftest import tiny_config
 from tests.engine.helpers import fresh_output, run_turn, wait_all_free
 
 CALL_S = 0.3
-CONTEXT_BLOCKS = 15  # the paused context (its last block partly filled)
-KEEP_BUSY_TOKENS = 236  # the other session's decode: longer than the call; 8 blocks beside the context's 15
-
+# The paused context (its last block partly filled): several times the blocks one step moves even on a slow
+# machine (8-11 blocks at the 7-9 ms steps of a 2-core AMD EPYC), so that a copy always spans steps.
+CONTEXT_BLOCKS = 40
+MAX_LEN = 2048
+KV_BLOCKS = 96
+KEEP_BUSY_TOKENS = 236  # the other session's decode: longer than the call; 8 blocks beside the context
 
 async def _prefetches(engine: InterceptEngine) -> int:
     return (await engine.stats()).totals.prefetches
@@ -58,9 +62,11 @@ async def engine(tmp_path: Path, uses_engine: None) -> InterceptEngine:
         "kv_bytes_per_token": 1024, "swap_out_bytes_per_s": 1e9, "swap_in_bytes_per_s": 1e9,
     }))
     # 40 MB/s: a 32 KiB block per 0.8 ms, so N_i (the copies a step hides) is one to four blocks for the
-    # tiny model's 1.5-3 ms steps (the profile's 10 ms is refined to them within the first steps): at
-    # least one, or infercept would not swap by choice, and few, so that a fetch spans several steps.
-    eng = InterceptEngine(tiny_config("infercept-prefetch", estimator="oracle", swap_link_gbps=0.04, profile=str(profile)))
+    # tiny model's 1.5-3 ms steps on a fast machine, 8-11 on a slow one (the profile's 10 ms is refined to
+    # them within the first steps): at least one, or infercept would not swap by choice, and well under
+    # the context's 40, so that a fetch spans several steps.
+    eng = InterceptEngine(tiny_config("infercept-prefetch", estimator="oracle", swap_link_gbps=0.04, profile=str(profile),
+                                     max_model_len=MAX_LEN, num_kv_blocks=KV_BLOCKS))
     await eng.start()
     try:
         yield eng
@@ -91,32 +97,31 @@ async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: Interce
     await busy.close()
     assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
 
-    # 2. The resume overtakes the prefetch: it is sent as soon as the prefetch is seen to start (and the
-    # busy session is cut); the resumed request must wait for the rest of the copy, in place. Whether it
-    # lands before the last chunk depends on the steps in between (each message to the engine core waits
-    # for the step under way), so this is tried a few times: every resume must continue exactly, and at
-    # least one must have overtaken its copy.
+    # 2. The resume overtakes the prefetch. The engine steps only while something runs (a paused request
+    # with or without its blocks is not work), and a prefetch moves only in steps: so the test drives the
+    # steps itself, one one-token turn of a third session at a time, until it sees the prefetch start,
+    # then sends the resume with the engine idle and the copy unfinished. (A busy session decoding
+    # meanwhile, and the resume raced against it, lost that race on a slower machine, where a step hides
+    # more blocks.)
     late = (await engine.stats()).totals.prefetch_late
-    for attempt in range(4):
-        busy = engine.open_session(ignore_eos=True)
-        b, prompt, first = await _paused(engine, 2 + attempt)
-        before = await _prefetches(engine)
-        keep_busy = asyncio.create_task(run_turn(busy, list(range(200, 216)), max_tokens=KEEP_BUSY_TOKENS))
-        deadline = time.monotonic() + 5 * CALL_S
-        while await _prefetches(engine) == before:
-            assert time.monotonic() < deadline and not keep_busy.done(), "no prefetch started"
-            await asyncio.sleep(0.002)
-        resume = asyncio.create_task(run_turn(b, appended, max_tokens=8))  # first: one step less
-        keep_busy.cancel()
-        resumed = await resume
-        await busy.close()
-        await b.close()
-        rec = (await engine.intercepts(b.id))[0]
-        assert rec.restored_by == "swap" and rec.tokens_swapped_in == len(prompt) + len(first) - 1, rec
-        assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
-        if (await engine.stats()).totals.prefetch_late > late:
-            break
-    else:
-        raise AssertionError("no resume overtook its prefetch in four tries")
+    b, prompt, first = await _paused(engine, 2)
+    before = await _prefetches(engine)
+    driver = engine.open_session(ignore_eos=True)  # closed at the end: a close makes the engine step
+    deadline = time.monotonic() + 20 * CALL_S
+    driven = 0
+    while await _prefetches(engine) == before:
+        assert time.monotonic() < deadline, f"no prefetch started in {driven} driven steps"
+        await run_turn(driver, [300 + driven % 64], max_tokens=1)  # one step
+        driven += 1
+    st = await engine.stats()
+    assert st.swap is not None and st.swap.loading_blocks > 0, (
+        f"the prefetch finished in the step that started it: {st.swap}")
+    resumed = await run_turn(b, appended, max_tokens=8)
+    await b.close()
+    rec = (await engine.intercepts(b.id))[0]
+    assert rec.restored_by == "swap" and rec.tokens_swapped_in == len(prompt) + len(first) - 1, rec
+    assert (await engine.stats()).totals.prefetch_late == late + 1
+    assert resumed.token_ids == await fresh_output(engine, prompt + first + appended, 8)
+    await driver.close()
     counts = await wait_all_free(engine)
     assert counts.free == counts.total and counts.host_tokens == 0, counts
