@@ -7,8 +7,8 @@ Timing: the oracle estimator with each call's true duration in the session's hin
 when the remaining time falls within the copy's horizon), a pinned profile (10 ms steps) and an emulated
 link slow enough that a step moves a few of the context's 40 blocks. With nothing running the engine does
 not step, and a copy under way waits: the first case keeps the engine stepping with a second session's
-decode; the second drives the steps one at a time, so that the resume can be sent while the engine is
-idle and the copy unfinished (racing it against a decode lost the race on a slower machine)."""
+decode; the second drives the steps one at a time, so that the resume is sent while the engine is idle
+and the copy unfinished, by construction rather than by winning a race."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ CONTEXT_BLOCKS = 40
 MAX_LEN = 2048
 KV_BLOCKS = 96
 KEEP_BUSY_TOKENS = 236  # the other session's decode: longer than the call; 8 blocks beside the context
+
 
 async def _prefetches(engine: InterceptEngine) -> int:
     return (await engine.stats()).totals.prefetches
@@ -100,9 +101,7 @@ async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: Interce
     # 2. The resume overtakes the prefetch. The engine steps only while something runs (a paused request
     # with or without its blocks is not work), and a prefetch moves only in steps: so the test drives the
     # steps itself, one one-token turn of a third session at a time, until it sees the prefetch start,
-    # then sends the resume with the engine idle and the copy unfinished. (A busy session decoding
-    # meanwhile, and the resume raced against it, lost that race on a slower machine, where a step hides
-    # more blocks.)
+    # then sends the resume with the engine idle and the copy unfinished.
     late = (await engine.stats()).totals.prefetch_late
     b, prompt, first = await _paused(engine, 2)
     before = await _prefetches(engine)
@@ -115,7 +114,7 @@ async def test_prefetched_and_overtaken_resumes_continue_exactly(engine: Interce
         driven += 1
     st = await engine.stats()
     assert st.swap is not None and st.swap.loading_blocks > 0, (
-        f"the prefetch finished in the step that started it: {st.swap}")
+        f"the prefetch finished before the resume could overtake it: {st.swap}")
     resumed = await run_turn(b, appended, max_tokens=8)
     await b.close()
     rec = (await engine.intercepts(b.id))[0]
