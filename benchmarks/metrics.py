@@ -443,6 +443,14 @@ MACHINE_CHECK_RULE = ("one request alone on the idle engine before and after eve
                       "probe is more than `tolerance` slower")
 
 
+def point_probe_s(run: Mapping[str, Any]) -> float | None:
+    """A point's machine speed in seconds per token: the mean of its machine-check probes (before and
+    after it; either may be missing), None where it has none (a point made before the check)."""
+    mc = run.get("machine_check") or {}
+    xs = [x for x in (mc.get("before_s_per_token"), mc.get("after_s_per_token")) if x]
+    return statistics.fmean(xs) if xs else None
+
+
 def machine_check(results: Mapping[str, Mapping[Any, Mapping[str, Mapping[str, Any]]]],
                   tolerance: float = 0.25) -> dict[str, Any] | None:
     """How steady the machine was across a run's points (label -> seed -> rate -> run), from each point's

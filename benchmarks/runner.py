@@ -84,6 +84,7 @@ class Plan:
     # new requests' p99 TTFT, and resumed turns' p99 wait for their next token, within this x the unloaded
     # TTFT p90 (None: no such rule)
     ttft_factor: float | None = 10.0
+    allow_other_machine: bool = False  # resume points measured on other hardware (not part of the fingerprint)
     reprofile: bool = False  # measure the tiny model's profile on this machine before anything else
     budget_from_profile: bool = True  # S, the default budget, is the (re-measured) profile's
 
@@ -129,6 +130,25 @@ def hardware(m: dict[str, Any]) -> str:
 def other_hardware(mine: dict[str, Any], earlier: list[dict[str, Any]]) -> list[str]:
     """The hardware of earlier points' machines that differs from this one's."""
     return sorted({hardware(m) for m in earlier} - {hardware(mine)})
+
+
+class OtherMachine(ValueError):
+    pass
+
+
+def check_machine(mine: dict[str, Any], store: PointStore, allow: bool) -> str | None:
+    """Refuse to resume a run whose points ran on other hardware: the knees would compare machines as
+    much as policies (a 2-core AMD EPYC ran the same suite 1.45x slower than the Intel Xeon before it).
+    With `allow`, the warning to print instead (bench.json lists every machine under `machines`)."""
+    other = other_hardware(mine, store.machines())
+    if not other:
+        return None
+    why = (f"this machine ({hardware(mine)}) is not the one earlier points in {store.dir.parent} ran on "
+           f"({'; '.join(other)})")
+    if not allow:
+        raise OtherMachine(f"{why}: resuming would compare machines as much as policies; resume on that machine, "
+                           "start over with another --out, or pass --allow-other-machine to mix them anyway")
+    return f"warning: {why}: the comparison spans machines (bench.json lists them under `machines`)"
 
 
 def _git(*args: str) -> str | None:
@@ -222,11 +242,11 @@ def budgets_tried(label: str, s_tokens: int) -> list[int | None]:
 class Bench:
     """One benchmark run: its plan, its points on disk, the progress bar and the engines' info."""
 
-    def __init__(self, plan: Plan, bar: Any, workloads: Workloads) -> None:
+    def __init__(self, plan: Plan, bar: Any, workloads: Workloads, store: PointStore, here: dict[str, Any]) -> None:
         self.plan, self.bar = plan, bar
-        self.store = PointStore(plan.out, plan.fingerprint())
+        self.store = store
         self.workloads = workloads
-        self.machine = machine() | {"host": platform.node()}  # in every point: a resumed run may be on another host
+        self.machine = here  # in every point: a resumed run may be on another host
 
     async def runs(self, label: str, budget: int | None, seed: int, rates: Sequence[float], phase: str) -> dict[str, Any]:
         """The points of one policy at one budget and seed, measured where not on disk: one engine for
@@ -333,6 +353,10 @@ async def bench(plan: Plan) -> dict[str, Any]:
     from tqdm import tqdm
 
     t_start = time.time()
+    # Before anything is measured or written: a folder of another plan or code, or of another machine, is refused.
+    store = PointStore(plan.out, plan.fingerprint())
+    here = machine() | {"host": platform.node()}
+    warning = check_machine(here, store, plan.allow_other_machine)
     workloads = await prepare(plan)
     s = plan.setting
     labels = list(plan.labels)
@@ -344,13 +368,11 @@ async def bench(plan: Plan) -> dict[str, Any]:
     order: dict[str, list[list[str]]] = {}
     budgets: dict[str, int | None] = {label: plan.token_budget for label in labels}
     with tqdm(total=total, desc="bench", unit="point", file=sys.stderr) as bar:
-        b = Bench(plan, bar, workloads)
+        b = Bench(plan, bar, workloads, store, here)
         if b.store.resumed:
             print(f"resuming {plan.out}: {b.store.resumed} points already measured with this plan and code", file=sys.stderr, flush=True)
-            if other := other_hardware(b.machine, b.store.machines()):
-                print(f"warning: this machine ({hardware(b.machine)}) is not the one earlier points ran on "
-                      f"({'; '.join(other)}): the comparison will span machines (bench.json lists them under `machines`)",
-                      file=sys.stderr, flush=True)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
         # 1. The SLO's reference, before any policy (and again after the last: 4.).
         reference = [await b.reference("before")]
         # 2. Pilot: every policy at each budget tried; the sweep uses the best (lowest summed median
@@ -507,10 +529,11 @@ def main(args: Any) -> int:
                 seeds=seeds, token_budget=budget, tune=tune, ablation=args.ablation,
                 slo_factor=args.slo_factor, setting=s, out=Path(args.out), command=command, pilot_rates=pilot_rates,
                 refine=refine, rel_tol=args.rel_tol, ttft_factor=args.ttft_factor or None,
-                reprofile=not quick and not args.profile, budget_from_profile=not args.token_budget)
+                reprofile=not quick and not args.profile, budget_from_profile=not args.token_budget,
+                allow_other_machine=args.allow_other_machine)
     try:
         result = asyncio.run(bench(plan))
-    except ValueError as e:  # a plan that does not match the points in OUT, a setting vLLM refuses
+    except ValueError as e:  # a plan, code or machine that does not match the points in OUT, a setting vLLM refuses
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_table(result)

@@ -172,6 +172,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ttft-factor", type=float, default=10.0,
                        help="a rate passes only if new requests' p99 time to first token, and resumed turns' p99 wait "
                        "for their next token, are within this x the unloaded TTFT p90 (0: off)")
+    bench.add_argument("--allow-other-machine", action="store_true", help="resume a run whose earlier points ran on "
+                       "other hardware (refused without it: the knees would compare the machines)")
     bench.add_argument("--quick", action="store_true", help="a 3-minute smoke run (what CI runs)")
     bench.add_argument("--out", default="results/bench")
     bench.add_argument("--report", metavar="BENCH_JSON", help="print a finished run's headline as the docs' markdown "

@@ -33,6 +33,7 @@ from infercept.benchmarks.sim.cost import (
     pristine,
     read_decode_grid,
 )
+from infercept.benchmarks.metrics import point_probe_s
 from infercept.benchmarks.sim.report import headline
 from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, simulable, variant
 from infercept.benchmarks.sim.sweep import sweep
@@ -103,27 +104,41 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
     probe of the reference the bench kept (the faster one), by label, seed and rate. The reference is where
     the simulator's costs are calibrated (`_fit_step_overhead`), so it is speed 1. `rates`: every rate the
     replay runs; one the bench did not measure for a policy and seed (another policy's bisection probe) gets the
-    median of that policy's measured speeds, not the reference's (a fast moment). A bench without the probes
-    (made before the machine check) cannot be replayed so: an error naming what is missing."""
+    median of that policy's measured speeds, not the reference's (a fast moment). A policy the bench did not
+    run at all (one explored in the simulator beside the measured ones) gets, at each seed and rate, the median
+    speed of the policies measured there: the machine as every policy met it at that point of the run. A bench
+    without the probes (made before the machine check) cannot be replayed so: an error naming what is missing."""
     refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
     if not refs:
         raise ValueError("this bench recorded no machine check for its SLO reference (slo.reference_runs[].probe_s_per_token): "
                          "it cannot be replayed at its measured machine speed")
     ref = min(refs, key=lambda r: r["median_s"])["probe_s_per_token"]  # the faster reference is the one kept
+    results = bj.get("results") or {}
+    measured: dict[str, dict[int, dict[float, float]]] = {}
+    for lab, by_seed in results.items():
+        for seed, runs in by_seed.items():
+            for r in runs.values():
+                probe = point_probe_s(r)
+                if probe is None:
+                    raise ValueError(f"{lab}, seed {seed}, {r.get('rate')} req/s: no machine check in the bench's point")
+                measured.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = probe / ref
+    if not measured:
+        raise ValueError("the bench has no measured point: no machine speed to replay at")
     out: dict[str, dict[int, dict[float, float]]] = {}
     for lab in labels:
-        for seed, runs in ((bj.get("results") or {}).get(lab) or {}).items():
-            for r in runs.values():
-                mc = r.get("machine_check") or {}
-                probes = [p for p in (mc.get("before_s_per_token"), mc.get("after_s_per_token")) if p]
-                if not probes:
-                    raise ValueError(f"{lab}, seed {seed}, {r.get('rate')} req/s: no machine check in the bench's point")
-                out.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = statistics.fmean(probes) / ref
-    for by_seed in out.values():
-        typical = statistics.median(x for by_rate in by_seed.values() for x in by_rate.values())
-        for by_rate in by_seed.values():
-            for rate in rates:
-                by_rate.setdefault(float(rate), typical)
+        if lab in measured:
+            by_seed = out[lab] = {seed: dict(by_rate) for seed, by_rate in measured[lab].items()}
+            typical = statistics.median(x for by_rate in by_seed.values() for x in by_rate.values())
+            for by_rate in by_seed.values():
+                for rate in rates:
+                    by_rate.setdefault(float(rate), typical)
+            continue
+        every = statistics.median(x for m in measured.values() for by_rate in m.values() for x in by_rate.values())
+        for seed in (int(x) for x in bj.get("seeds") or ()):
+            at = {float(r) for r in rates} | {r for m in measured.values() for r in m.get(seed, {})}
+            for rate in sorted(at):
+                there = [m[seed][rate] for m in measured.values() if rate in m.get(seed, {})]
+                out.setdefault(lab, {}).setdefault(seed, {})[rate] = statistics.median(there) if there else every
     return out
 
 
@@ -419,6 +434,8 @@ def print_validation(v: Mapping[str, Any]) -> None:
           f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair, "
           f"copies hide behind {cm.get('window_share', 1.0):.2f} of a step ({cm.get('window_share_source', 'given')}), "
           f"{cm.get('chunk_step_s', 0.0) * 1e3:.2f} ms per prefilled request ({cm.get('chunk_step_source', 'not in the profile: 0')})")
+    if "machine_speed" in cm:  # validations made before the option lack it
+        print(f"machine speed: {cm['machine_speed']}")
     sp = cm.get("decode_spill")
     if sp:
         print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "

@@ -9,11 +9,12 @@ point). Reads the points only (no engine, seconds of CPU); in infercept's venv (
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 from pathlib import Path
 
 from scipy.stats import spearmanr
+
+from infercept.benchmarks.metrics import point_probe_s as probe
 
 
 def sweep_points(run: Path) -> list[dict]:
@@ -26,12 +27,6 @@ def sweep_points(run: Path) -> list[dict]:
         d["label"] = p.stem.split("__")[1]
         out.append(d)
     return out
-
-
-def probe(d: dict) -> float | None:
-    mc = d.get("machine_check") or {}
-    xs = [x for x in (mc.get("before_s_per_token"), mc.get("after_s_per_token")) if x]
-    return statistics.fmean(xs) if xs else None
 
 
 def main(run: Path, rate: float) -> None:

@@ -327,7 +327,7 @@ def test_the_report_is_the_headline_as_a_markdown_table(tmp_path: "Path") -> Non
 
 def test_a_resumed_run_names_the_machines_its_points_ran_on(tmp_path: "Path") -> None:
     from infercept.benchmarks.points import PointStore
-    from infercept.benchmarks.runner import machine, other_hardware
+    from infercept.benchmarks.runner import OtherMachine, check_machine, machine, other_hardware
 
     here = machine() | {"host": "a"}
     store = PointStore(tmp_path, {"plan": 1})
@@ -336,10 +336,34 @@ def test_a_resumed_run_names_the_machines_its_points_ran_on(tmp_path: "Path") ->
     store.put("reference", {"median_s": 0.01})  # older points carry no machine
     assert len(store.machines()) == 2
     assert other_hardware(here, store.machines()) == []
+    assert check_machine(here, store, allow=False) is None  # the same hardware resumes silently
     slower = here | {"cpu": "Some Other CPU", "host": "c"}
     store.put("p3", {"rate": 6, "machine": slower})
     (other,) = other_hardware(here, store.machines())
     assert other.startswith("Some Other CPU")
+    # Another machine's points: refused unless asked for, then said.
+    with pytest.raises(OtherMachine, match="--allow-other-machine") as refused:
+        check_machine(here, store, allow=False)
+    assert "Some Other CPU" in str(refused.value) and str(tmp_path) in str(refused.value)
+    warning = check_machine(here, store, allow=True)
+    assert warning is not None and warning.startswith("warning:") and "Some Other CPU" in warning
+
+
+def test_a_run_on_another_machine_is_refused_before_anything_is_measured(tmp_path: "Path") -> None:
+    """`bench` checks the machine first: with another machine's point in OUT it raises (the command exits 2
+    with the message) before the workloads, priors or profile are made and before any engine starts."""
+    import asyncio
+
+    from infercept.benchmarks.points import PointStore
+    from infercept.benchmarks.runner import OtherMachine, Plan, bench, machine
+
+    plan = Plan(workload="qa", labels=["discard", "unlimited-kv"], rates=[2.0], duration_s=5.0, seeds=[1], token_budget=512,
+                tune=False, ablation=False, slo_factor=5.0, setting=Setting(), out=tmp_path, command="test")
+    store = PointStore(tmp_path, plan.fingerprint())
+    store.put("round0__discard__512__1__2", {"rate": 2, "machine": machine() | {"cpu": "Some Other CPU"}})
+    with pytest.raises(OtherMachine, match="Some Other CPU"):
+        asyncio.run(bench(plan))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "points"]  # no priors, no profile
 
 
 def test_repeatability_pairs_the_pilots_point_with_the_sweeps_and_says_how_far_they_moved(tmp_path: "Path") -> None:

@@ -14,7 +14,7 @@ from infercept.benchmarks.replay import REPO, Setting
 from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replicas_needed, request_pool, sessions_at_slo
 from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.sweep import sweep
-from infercept.benchmarks.sim.validate import machine_speeds, validate
+from infercept.benchmarks.sim.validate import machine_speeds, print_validation, validate
 from tests.sim.helpers import toy_bench
 from tests.bench.shape import check_headline, check_run
 
@@ -121,7 +121,7 @@ def test_validation_takes_the_window_share_the_bench_measured_and_refuses_a_fit_
         validate(bench, policies=["infercept"], fit_on="swap", step_overhead_s=0.0, verbose=False)
 
 
-def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: Path) -> None:
+def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bench = fake_bench(tmp_path / "bench.json")
     bj = json.loads(bench.read_text())
     # Two references, the faster kept (the bench's rule): its probe (2 ms/token) is speed 1.
@@ -143,7 +143,14 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     del bj["results"]["discard"]["3"]["4"]
     assert machine_speeds(bj, ["discard"], [2.0, 4.0])["discard"][3][4.0] == pytest.approx(1.0)  # median of 1, 1, 1.25
     assert machine_speeds(bj, ["unlimited-kv"], [2.0, 3.0])["unlimited-kv"][4][3.0] == pytest.approx(1.0)  # of 1, 1, 1, 2
+    # A policy the bench never ran (explored beside the measured ones) meets the machine as the measured ones
+    # met it at each seed and rate: their median there.
+    other = machine_speeds(bj, ["infercept-slack"], [2.0, 4.0])["infercept-slack"]
+    assert other[3][4.0] == pytest.approx(1.5)  # infercept 1, the bound 2 (discard's point there is gone)
+    assert other[4][2.0] == pytest.approx(1.0)  # discard 1.25, infercept 1, the bound 1
     assert plain["machine_speeds"] is None and "not applied" in plain["cost_model"]["machine_speed"]
+    print_validation(timed)  # the printed summary says which speeds the replay ran at
+    assert "machine speed: each point at its machine check's speed" in capsys.readouterr().out
     def fwd(v: dict[str, Any], lab: str, point: str) -> float:
         return v["per_rate"][lab][point]["simulated"]["forward_s"]
     # The point the machine ran at half speed computes longer (not twice: its slower steps batch more requests
