@@ -82,7 +82,7 @@ def run_policy(bench: SimBench, label: str, workloads: dict[float, list[Request]
     results: dict[str, Any] = {}
     for rate, reqs in workloads.items():
         sims = sim_requests(reqs, bench, label, prefix=f"{rate:g}-")
-        eng.speed = (speeds or {}).get(rate, 1.0)  # the machine's speed at this rate's run (`SimEngine.speed`)
+        eng.speed = bench.speed * (speeds or {}).get(rate, 1.0)  # the machine's speed at this rate's run (`SimEngine.speed`)
         results[f"{rate:g}"] = run_rate(eng, sims, drain_s, bench.setting.kv_tokens) | {"rate": rate}
     info = {"policy": variant(label).policy, "token_budget": bench.budget(label), "kv_blocks": eng.sched.pool.num_blocks,
             "block_size": eng.bs, "saturation_tokens": eng.core.profile.saturation_tokens,

@@ -70,6 +70,10 @@ class SimBench:
     host_per_request_s: float = 0.0  # host time per step per request held by the engine (see SimEngine)
     window_share: float = 1.0  # share of a step's time that copies hide behind (see SimEngine)
     step_overhead_s: float = 0.0  # host time per step beyond the profile's (see SimEngine)
+    # The machine's time factor at the SLO reference over the profile's (`SimEngine.speed`; below 1: the machine
+    # ran the reference faster than when the profile was measured): every engine starts at it, and a replay at
+    # machine speed multiplies each point's factor (relative to the reference) into it.
+    speed: float = 1.0
     spill: KVSpill | None = None  # MeasuredCost's cache cliff (None: the profile's `extra.decode_spill`, if any)
     chunk_step_s: float | None = None  # MeasuredCost's cost per prefilled request (None: the profile's `extra.chunk_step_s`, or 0)
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="infercept-sim-")))
@@ -150,6 +154,7 @@ class SimBench:
                         check_every=check_every, frontend_s=self.frontend(),
                         host_per_request_s=self.host_per_request_s, step_overhead_s=self.step_overhead_s,
                         window_share=self.window_share)
+        eng.speed = self.speed
         for watch in self.on_engine:
             watch(eng)
         return eng

@@ -9,7 +9,8 @@ profile it ran with (`setting.profile_data`), each policy's own token budget (`t
 the pilot when baselines were tuned), and the SLO (`slo.slo_normalized_latency_s`): the simulated
 headline is judged at the bench's SLO; the simulator's own calibration of it is reported beside.
 
-Three constants are not in the profile (`fit_cost`): the host time per step beyond it (calibrated on the
+Three constants are not in the profile (`fit_cost`): the host time per step beyond it, or a factor on every
+step's time where the profile is slower than the machine was at the reference (either calibrated on the
 bench's unloaded reference), the share of a step swap copies hide behind (what the bench's engines
 learned, `swap_overlap`), and the host time per step per request the engine holds (see `SimEngine`).
 The last is fitted once, on one policy (`fit_on`, default the bound, which never recomputes), and every other policy is
@@ -21,7 +22,7 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,7 +75,7 @@ def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
 def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, host_per_request_s: float = 0.0,
               step_overhead_s: float = 0.0, spill: KVSpill | None = None, pair_scale: float = 1.0,
-              window_share: float = 1.0, chunk_step_s: float | None = None) -> SimBench:
+              window_share: float = 1.0, chunk_step_s: float | None = None, speed: float = 1.0) -> SimBench:
     st = dict(bj["setting"])
     setting = make_setting(**{k: v for k, v in st.items() if k not in _NOT_SETTING})
     budgets = bench_budgets(bj) if token_budget is None else {lab: token_budget for lab in bj["policies"]}
@@ -85,7 +86,7 @@ def sim_bench(bj: Mapping[str, Any], *, token_budget: int | None = None, context
     return SimBench(setting, profile, token_budget=budgets, default_budget=default,
                     context_share=context_share, frontend_s=frontend_s, host_per_request_s=host_per_request_s,
                     step_overhead_s=step_overhead_s, spill=spill, pair_s=pair_s, window_share=window_share,
-                    chunk_step_s=chunk_step_s)
+                    chunk_step_s=chunk_step_s, speed=speed)
 
 
 def measured_window_share(bj: Mapping[str, Any]) -> float | None:
@@ -245,7 +246,7 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
         step_overhead_s = step["step_overhead_s"]
     kw: dict[str, Any] = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
                           "step_overhead_s": step_overhead_s, "spill": spill, "window_share": window_share,
-                          "chunk_step_s": chunk_step_s}
+                          "chunk_step_s": chunk_step_s, "speed": step["speed"] if step else 1.0}
     fit = None
     if host_per_request_s is None:
         if fit_on is None:
@@ -263,31 +264,45 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
 
 
 def _fit_step_overhead(bj: Mapping[str, Any], **kw: Any) -> dict[str, Any]:
-    """The host time per step beyond the profile's, calibrated on the bench's own SLO reference: the
-    simulated unloaded normalized latency (the same requests one at a time with zero-time calls on the
-    bound) made equal to the measured one, by bisection. No policy is involved: it is what a step
-    costs this machine, during this bench, beyond what `infercept profile` measured on it."""
+    """The simulator's speed calibrated on the bench's own SLO reference: the simulated unloaded normalized
+    latency (the same requests one at a time with zero-time calls on the bound) made equal to the measured
+    one, by bisection. No policy is involved. Where the profile's steps are too fast for the reference, the
+    host time per step beyond the profile's (`step_overhead_s`: what a step costs this machine, during this
+    bench, beyond what `infercept profile` measured on it); where they are too slow (the profile was measured
+    at a slower moment than the reference: the `chatbot` run's, 1.4x), a factor on every step's time
+    (`speed`, below 1; an overhead cannot be negative), so that the reference is speed 1 for the replay at
+    machine speed as `machine_speeds` assumes."""
     target = float(bj["slo"]["unloaded_normalized_latency_s"])
     seeds = [int(x) for x in bj["seeds"]]
     sharegpt = bj["setting"].get("model") if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
 
-    def unloaded(step_s: float) -> float:
-        sb = sim_bench(bj, step_overhead_s=step_s, **kw)
+    def unloaded(step_s: float, speed: float = 1.0) -> float:
+        sb = sim_bench(bj, step_overhead_s=step_s, **{**kw, "speed": speed})
         res = sweep(sb, [], [min(float(r) for r in bj["rates"])], float(bj["duration_s"]), seeds[:1], workload=bj["workload"],
                     sharegpt_model=sharegpt, verbose=False)
         return float(res["slo"]["unloaded_normalized_latency_s"])
 
-    lo, hi = 0.0, 0.02
-    trials = [(lo, unloaded(lo))]
-    if trials[0][1] >= target:
-        return {"step_overhead_s": 0.0, "target_unloaded_s": target, "simulated_unloaded_s": trials[0][1], "trials": trials}
-    for _ in range(14):
-        mid = (lo + hi) / 2
-        u = unloaded(mid)
-        trials.append((mid, u))
-        lo, hi = (mid, hi) if u < target else (lo, mid)
-    best = min(trials, key=lambda t: abs(t[1] - target))
-    return {"step_overhead_s": best[0], "target_unloaded_s": target, "simulated_unloaded_s": best[1], "trials": trials}
+    def bisect(f: Callable[[float], float], lo: float, hi: float) -> tuple[float, float, list[tuple[float, float]]]:
+        """The x in [lo, hi] whose f(x) (increasing in x) is nearest the target, and the trials."""
+        trials = []
+        for _ in range(14):
+            mid = (lo + hi) / 2
+            u = f(mid)
+            trials.append((mid, u))
+            lo, hi = (mid, hi) if u < target else (lo, mid)
+        x, u = min(trials, key=lambda t: abs(t[1] - target))
+        return x, u, trials
+
+    at_profile = unloaded(0.0)
+    fit = {"step_overhead_s": 0.0, "speed": 1.0, "target_unloaded_s": target, "simulated_unloaded_s": at_profile,
+           "trials": [(0.0, at_profile)]}
+    if at_profile < target:
+        step, u, trials = bisect(unloaded, 0.0, 0.02)
+        return fit | {"step_overhead_s": step, "simulated_unloaded_s": u, "trials": fit["trials"] + trials}
+    if at_profile > target:
+        speed, u, trials = bisect(lambda x: unloaded(0.0, x), 0.2, 1.0)
+        return fit | {"speed": speed, "simulated_unloaded_s": u, "speed_trials": trials}
+    return fit
 
 
 def _fit_host(bj: Mapping[str, Any], label: str, **kw: Any) -> dict[str, Any]:
@@ -317,14 +332,14 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
               spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0,
-              chunk_step_s: float | None = None, machine_speed: bool = False) -> dict[str, Any]:
+              chunk_step_s: float | None = None, machine_speed: bool = False, speed: float = 1.0) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
     seeds = [int(x) for x in bj["seeds"]]
     sb = sim_bench(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                    host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, spill=spill,
-                   pair_scale=pair_scale, window_share=window_share, chunk_step_s=chunk_step_s)
+                   pair_scale=pair_scale, window_share=window_share, chunk_step_s=chunk_step_s, speed=speed)
     # The runner draws ShareGPT prompts (tokenized by the model's tokenizer) for these workloads when
     # the package is installed.
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
@@ -381,7 +396,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
         "cost_model": {"decode_context_share": getattr(sb.engine(labels[0]).cost, "context_share", None),
                        "attention_pair_s": getattr(sb.engine(labels[0]).cost, "pair_s", None),
                        "frontend_in_out_s": list(sb.frontend()), "host_per_request_s": sb.host_per_request_s,
-                       "step_overhead_s": sb.step_overhead_s, "chunk_step_s": sb.chunk_s(),
+                       "step_overhead_s": sb.step_overhead_s, "speed_at_reference": sb.speed, "chunk_step_s": sb.chunk_s(),
                        "chunk_step_source": "given" if chunk_step_s is not None else
                        ("the profile's extra.chunk_step_s" if "chunk_step_s" in sb.profile.extra else "not in the profile: 0"),
                        "machine_speed": ("each point at its machine check's speed over the SLO reference's (machine_speeds)"
@@ -430,8 +445,8 @@ def print_validation(v: Mapping[str, Any]) -> None:
     how = f"fitted on {fit['fitted_on']}" if fit else "given"
     print(f"cost model: decode context share {cm['decode_context_share']}, front end in/out "
           f"{', '.join(f'{x * 1000:.1f} ms' for x in cm['frontend_in_out_s'])}, host time per held request per step "
-          f"{cm['host_per_request_s'] * 1e6:.0f} us ({how}), step overhead {cm['step_overhead_s'] * 1e3:.2f} ms "
-          f"(calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair, "
+          f"{cm['host_per_request_s'] * 1e6:.0f} us ({how}), step overhead {cm['step_overhead_s'] * 1e3:.2f} ms and step time "
+          f"x {cm.get('speed_at_reference', 1.0):.3f} (calibrated on the bench's unloaded reference), attention {cm['attention_pair_s'] or 0:.3g} s/pair, "
           f"copies hide behind {cm.get('window_share', 1.0):.2f} of a step ({cm.get('window_share_source', 'given')}), "
           f"{cm.get('chunk_step_s', 0.0) * 1e3:.2f} ms per prefilled request ({cm.get('chunk_step_source', 'not in the profile: 0')})")
     if "machine_speed" in cm:  # validations made before the option lack it
@@ -497,6 +512,7 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
             "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo,
                                                                       "resume_p99_bound_s": resume_slo},
             "cost_model": {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
+                           "speed_at_reference": fitted.kw["speed"],
                            **fitted.fits()},
             "rates": list(rates), "seeds": list(seeds), "duration_s": float(duration_s or bj["duration_s"]),
             "headline": res["headline"], "per_rate": per_rate}

@@ -104,6 +104,32 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
     assert v["not_simulated"] == []
 
 
+def test_the_speed_calibration_slows_or_speeds_the_profile_to_the_benchs_unloaded_reference(tmp_path: Path) -> None:
+    """The simulated unloaded reference is made equal to the measured one: with an added step overhead where the
+    profile is too fast for it, with a factor on every step's time (below 1) where it is too slow (an overhead
+    cannot be negative: the `chatbot` run's profile was measured at a slower moment than its reference). Every
+    engine of the replay then starts at that factor."""
+    from infercept.benchmarks.sim.validate import fit_cost, sim_bench
+
+    bench = fake_bench(tmp_path / "bench.json")
+    bj = json.loads(bench.read_text())
+    at_profile = fit_cost(bj, host_per_request_s=0.0, fit_on=None).step_overhead_fit
+    assert at_profile is not None
+    base = at_profile["trials"][0][1]  # the unloaded reference at the profile's speed, no overhead
+    for target in (0.6 * base, 1.5 * base):
+        bj["slo"]["unloaded_normalized_latency_s"] = target
+        fitted = fit_cost(bj, host_per_request_s=0.0, fit_on=None)
+        fit = fitted.step_overhead_fit
+        assert fit is not None and fit["simulated_unloaded_s"] == pytest.approx(target, rel=0.02)
+        if target < base:
+            assert fitted.kw["step_overhead_s"] == 0.0 and 0.2 < fitted.kw["speed"] < 1.0
+        else:
+            assert fitted.kw["step_overhead_s"] > 0.0 and fitted.kw["speed"] == 1.0
+        assert sim_bench(bj, **fitted.kw).engine("discard").speed == fitted.kw["speed"]
+    v = validate(bench, policies=["discard"], host_per_request_s=0.0, fit_on=None, verbose=False)
+    assert v["cost_model"]["speed_at_reference"] == 1.0  # the fake bench's own reference: slower than the profile
+
+
 def test_validation_takes_the_window_share_the_bench_measured_and_refuses_a_fit_on_an_absent_policy(tmp_path: Path) -> None:
     bench = fake_bench(tmp_path / "bench.json")
     bj = json.loads(bench.read_text())
