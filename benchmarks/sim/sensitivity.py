@@ -52,7 +52,6 @@ def sensitivity(policies: Sequence[str] = POLICIES, *, kv_factors: Sequence[floa
         start.setting = dataclasses.replace(start.setting, unlimited_kv_tokens=0)
         profile_name = f"{cost_from} (setting.profile_data)"
         cost_model = {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
-                      "speed_at_reference": fitted.kw["speed"],
                       **fitted.fits(), "bench": str(cost_from)}
     workload = workload or "mixed"
     base = start.setting

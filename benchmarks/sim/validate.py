@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from infercept.benchmarks.metrics import point_probe_s
 from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
@@ -34,7 +35,6 @@ from infercept.benchmarks.sim.cost import (
     pristine,
     read_decode_grid,
 )
-from infercept.benchmarks.metrics import point_probe_s
 from infercept.benchmarks.sim.report import headline
 from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, simulable, variant
 from infercept.benchmarks.sim.sweep import sweep
@@ -125,6 +125,7 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
                 measured.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = probe / ref
     if not measured:
         raise ValueError("the bench has no measured point: no machine speed to replay at")
+    every = statistics.median(x for m in measured.values() for by_rate in m.values() for x in by_rate.values())
     out: dict[str, dict[int, dict[float, float]]] = {}
     for lab in labels:
         if lab in measured:
@@ -134,7 +135,6 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
                 for rate in rates:
                     by_rate.setdefault(float(rate), typical)
             continue
-        every = statistics.median(x for m in measured.values() for by_rate in m.values() for x in by_rate.values())
         for seed in (int(x) for x in bj.get("seeds") or ()):
             at = {float(r) for r in rates} | {r for m in measured.values() for r in m.get(seed, {})}
             for rate in sorted(at):
@@ -204,6 +204,7 @@ class FittedCost:
         return {"window_share": self.kw["window_share"], "window_share_source": self.window_share_source,
                 "host_fit": self.host_fit, "recompute_fit": self.recompute_fit,
                 "pair_scale": self.kw.get("pair_scale", 1.0), "step_overhead_fit": self.step_overhead_fit,
+                "speed_at_reference": self.kw["speed"],
                 "decode_grid": self.decode_grid, "decode_spill": self.spill.to_dict() if self.spill else None}
 
 
@@ -512,7 +513,6 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
             "setting": bj["setting"], "workload": bj["workload"], "slo": {"slo_normalized_latency_s": slo, "ttft_p99_bound_s": ttft_slo,
                                                                       "resume_p99_bound_s": resume_slo},
             "cost_model": {"host_per_request_s": fitted.host_per_request_s, "step_overhead_s": fitted.kw["step_overhead_s"],
-                           "speed_at_reference": fitted.kw["speed"],
                            **fitted.fits()},
             "rates": list(rates), "seeds": list(seeds), "duration_s": float(duration_s or bj["duration_s"]),
             "headline": res["headline"], "per_rate": per_rate}
