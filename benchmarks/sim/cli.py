@@ -44,7 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--duration", type=float, help="seconds of arrivals per rate")
     p.add_argument("--drain", type=float, help="seconds after the last arrival before the cutoff")
     p.add_argument("--link-gbps", type=float, help="--paper, --quick and sweeps on a derived GPU profile: the host link swaps go over, GB/s (default: the profile's PCIe rate, "
-                                                   "25.2 GB/s on the A100 profiles)")
+                                                   "25.2 GB/s on the A100 profiles); --like: in place of the bench's link (a what-if)")
     p.add_argument("--seeds", help="comma-separated workload seeds (default 1,2,3 as the bench; --quick and --sessions: 1)")
     p.add_argument("--token-budget", type=int,
                    help="max tokens per step (max_num_batched_tokens) for every policy (default: S from the profile; "
@@ -145,9 +145,10 @@ def main(args: argparse.Namespace) -> int:
     if args.sessions is not None and args.sessions <= 0:
         print("error: --sessions must be a positive number of sessions", file=sys.stderr)
         return 2
-    if args.link_gbps is not None and (args.validate or args.like or args.sensitivity or args.sessions is not None):
-        print("error: --link-gbps is for sweeps on a derived GPU profile (--paper, --quick, --profile); a bench's setting "
-              "carries its own link, --sensitivity sweeps it, and --sessions plans on the profile's", file=sys.stderr)
+    if args.link_gbps is not None and (args.validate or args.sensitivity or args.sessions is not None):
+        print("error: --link-gbps is for sweeps on a derived GPU profile (--paper, --quick, --profile) and --like (a "
+              "what-if on the bench's setting); --validate replays the bench's own link, --sensitivity sweeps it, "
+              "and --sessions plans on the profile's", file=sys.stderr)
         return 2
     if args.link_gbps is not None and not (args.link_gbps > 0 and math.isfinite(args.link_gbps)):
         print("error: --link-gbps must be a positive, finite number of GB/s", file=sys.stderr)
@@ -169,7 +170,7 @@ def main(args: argparse.Namespace) -> int:
             print("error: --like needs --rates and --policies", file=sys.stderr)
             return 2
         v = {**made_by, **like_bench(args.like, labels, rates, _seeds(args, "1,2,3"), args.duration,
-                                                 **_cost_args(args))}
+                                     link_gbps=args.link_gbps, **_cost_args(args))}
         print_like(v)
         if args.out:
             _write(v, Path(args.out))

@@ -331,6 +331,24 @@ def test_like_sweeps_other_rates_in_a_benchs_setting_judged_by_its_slo(tmp_path:
     assert v["cost_model"]["host_per_request_s"] == v["cost_model"]["host_fit"]["host_per_request_s"]
     with pytest.raises(ValueError, match="unknown policy"):
         like_bench(bench, ["nope"], [1.0], [5], verbose=False)
+    # A bench made before resumed turns were bounded is judged by today's rules: their bound is new requests'.
+    bj = json.loads(bench.read_text())
+    bj["slo"]["ttft_p99_bound_s"] = 0.3
+    bench.write_text(json.dumps(bj))
+    assert like_bench(bench, ["infercept"], [1.0], [5], duration_s=4.0, verbose=False)["slo"]["resume_p99_bound_s"] == 0.3
+
+
+def test_like_on_another_link_moves_the_swaps_over_it(tmp_path: Path) -> None:
+    """`--like --link-gbps`: a what-if on the bench's setting; the swaps (and their budget) go over the given link."""
+    from infercept.benchmarks.sim.validate import like_bench
+
+    bench = fake_bench(tmp_path / "bench.json")
+    slow, fast = (like_bench(bench, ["swap"], [3.0], [5], duration_s=4.0, verbose=False, link_gbps=g) for g in (0.001, 100.0))
+    assert (slow["link_gbps"], fast["link_gbps"]) == (0.001, 100.0)
+    lat = [v["per_rate"]["swap"]["5"]["3"]["median_normalized_latency_s"] for v in (slow, fast)]
+    assert lat[0] > lat[1]  # every swapped context waits for its copy back over a link 10^5 times slower
+    with pytest.raises(ValueError, match="positive, finite"):
+        like_bench(bench, ["swap"], [1.0], [5], verbose=False, link_gbps=0.0)
 
 
 def test_paper_run_link_and_a_bound_with_more_sessions_than_budget_tokens(tmp_path: Path) -> None:
@@ -351,7 +369,7 @@ def test_paper_run_link_and_a_bound_with_more_sessions_than_budget_tokens(tmp_pa
 def test_link_gbps_is_refused_where_the_setting_has_its_own(capsys: pytest.CaptureFixture[str]) -> None:
     from infercept.benchmarks.sim.cli import build_parser, main
 
-    assert main(build_parser().parse_args(["--like", "x.json", "--link-gbps", "10"])) == 2
+    assert main(build_parser().parse_args(["--validate", "x.json", "--link-gbps", "10"])) == 2
     assert "--link-gbps is for sweeps" in capsys.readouterr().err
     assert main(build_parser().parse_args(["--paper", "--link-gbps", "0"])) == 2
     assert main(build_parser().parse_args(["--paper", "--link-gbps", "inf"])) == 2
