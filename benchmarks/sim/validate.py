@@ -498,11 +498,11 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
     bj = read_bench(bench_path)
     for lab in labels:
         variant(lab)
+    if link_gbps is not None and not (link_gbps > 0 and math.isfinite(link_gbps)):
+        raise ValueError(f"link {link_gbps} GB/s: a link is a positive, finite rate")  # before the fits' minutes
     fitted = fit_cost(bj, **cost)
     sb = sim_bench(bj, host_per_request_s=fitted.host_per_request_s, **fitted.kw)
     if link_gbps is not None:
-        if not (link_gbps > 0 and math.isfinite(link_gbps)):
-            raise ValueError(f"link {link_gbps} GB/s: a link is a positive, finite rate")
         sb.setting = dataclasses.replace(sb.setting, swap_link_gbps=link_gbps)
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
