@@ -509,6 +509,13 @@ def first_token_bound(ttft_factor: float | None, unloaded: Mapping[str, Any]) ->
     return ttft_factor * unloaded["ttft_p90_s"] if ttft_factor and unloaded.get("ttft_p90_s") else None
 
 
+def resume_bound(slo: Mapping[str, Any]) -> float | None:
+    """The bound on resumed turns' p99 wait for their next token by today's rules, from a bench.json's `slo`:
+    its own, or new requests' TTFT bound for a run made before resumed turns were bounded (else a policy
+    that starves them passes)."""
+    return slo["resume_p99_bound_s"] if "resume_p99_bound_s" in slo else slo.get("ttft_p99_bound_s")
+
+
 def slo_clause(slo: Mapping[str, Any]) -> str:
     """The first-token rules of a bench.json's `slo`, as the tables' SLO line states them."""
     out = f" and new requests' p99 TTFT <= {slo['ttft_p99_bound_s']:.2f} s" if slo.get("ttft_p99_bound_s") else ""

@@ -12,8 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import (BOUND, first_token_bound, judge, machine_check, repeatability, slo_clause,
-                                          step_breakdown)
+from infercept.benchmarks.metrics import (BOUND, first_token_bound, judge, machine_check, repeatability, resume_bound,
+                                          slo_clause, step_breakdown)
 from infercept.benchmarks.points import PointStore, budget_key, reader, repeat_pairs
 from infercept.benchmarks.replay import ABLATION
 
@@ -134,8 +134,7 @@ def rejudge(result: dict[str, Any]) -> dict[str, Any]:
     turns cut off at the cutoff. Repeatability is computed again from the points folder beside the file
     (none without it); the plots are the run's, by its own rule."""
     slo = dict(result["slo"])
-    if "resume_p99_bound_s" not in slo:
-        slo["resume_p99_bound_s"] = slo.get("ttft_p99_bound_s")
+    slo["resume_p99_bound_s"] = resume_bound(slo)
     args = (slo["slo_normalized_latency_s"], slo.get("ttft_p99_bound_s"), slo["resume_p99_bound_s"])
     out = result | judge(result["results"], *args) | {"slo": slo, "repeatability": None}
     if result.get("ablation_results"):

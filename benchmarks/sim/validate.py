@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import point_probe_s
+from infercept.benchmarks.metrics import point_probe_s, resume_bound
 from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
@@ -507,9 +507,7 @@ def like_bench(bench_path: str | Path, labels: Sequence[str], rates: Sequence[fl
     sharegpt = sb.setting.model if bj["workload"] in ("mixed", "chatbot") and ShareGPT.available() else None
     slo = float(bj["slo"]["slo_normalized_latency_s"])
     ttft_slo = bj["slo"].get("ttft_p99_bound_s")
-    # Judged by today's rules: a run made before resumed turns were bounded gets new requests' bound for
-    # them too, as `infercept bench --report --rejudge` judges it (else a policy passes by starving them).
-    resume_slo = bj["slo"].get("resume_p99_bound_s", ttft_slo)
+    resume_slo = resume_bound(bj["slo"])  # by today's rules, as `infercept bench --report --rejudge` judges
     res = sweep(sb, list(labels), list(rates), float(duration_s or bj["duration_s"]), list(seeds), workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo, sharegpt_model=sharegpt,
                 verbose=verbose)
