@@ -233,6 +233,27 @@ def by_type(outs: Sequence[Outcome], cutoff_s: float, t0: Mapping[str, Mapping[s
     return out
 
 
+def slo_misses(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = None,
+               resume_slo_s: float | None = None) -> list[str]:
+    """The SLO's rules a run fails, in the order `meets_slo` checks them: "latency" (its median normalized
+    latency over `slo_s`, or none measured), "ttft" (new requests' p99 time to first token over
+    `ttft_slo_s`, or none measured where a bound is given), "resume" (resumed turns' p99 wait for their
+    next token over `resume_slo_s`; a run without resumed turns has nothing to judge there). Empty: within."""
+    out = []
+    nl = run["normalized_latency_s"]["median"]
+    if nl is None or nl > slo_s:
+        out.append("latency")
+    if ttft_slo_s is not None:
+        p99 = (run.get("ttft_s") or {}).get("p99")
+        if p99 is None or p99 > ttft_slo_s:
+            out.append("ttft")
+    if resume_slo_s is not None:
+        r99 = (run.get("resume_s") or {}).get("p99")
+        if r99 is not None and r99 > resume_slo_s:
+            out.append("resume")
+    return out
+
+
 def meets_slo(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = None,
               resume_slo_s: float | None = None) -> bool:
     """A run is within the SLO when its median normalized latency meets `slo_s` and, where bounds are
@@ -240,19 +261,8 @@ def meets_slo(run: Mapping[str, Any], slo_s: float, ttft_slo_s: float | None = N
     pass by starving new requests while the ones it admitted run fast) and its resumed turns' p99 time
     from the call's return to the next token under `resume_slo_s` (nor by starving resumed turns: a
     queue that always admits the smallest context first does, docs/findings.md). A run without
-    resumed turns has nothing to judge there."""
-    nl = run["normalized_latency_s"]["median"]
-    if nl is None or nl > slo_s:
-        return False
-    if ttft_slo_s is not None:
-        p99 = (run.get("ttft_s") or {}).get("p99")
-        if p99 is None or p99 > ttft_slo_s:
-            return False
-    if resume_slo_s is not None:
-        r99 = (run.get("resume_s") or {}).get("p99")
-        if r99 is not None and r99 > resume_slo_s:
-            return False
-    return True
+    resumed turns has nothing to judge there. `slo_misses` says which rule a run fails."""
+    return not slo_misses(run, slo_s, ttft_slo_s, resume_slo_s)
 
 
 def knee(points: Sequence[tuple[float, bool]]) -> tuple[float, bool]:

@@ -23,12 +23,12 @@ import hashlib
 import json
 import math
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import point_probe_s, resume_bound
+from infercept.benchmarks.metrics import point_probe_s, resume_bound, slo_misses
 from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
@@ -385,7 +385,13 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
         for seed in seeds:
             meas = measured_runs(bj, lab, seed)
             for rate, x in res["results"][lab][seed].items():
-                per_rate[lab][f"{seed}/{rate}"] = {"measured": _brief(meas.get(rate) or {}), "simulated": _brief(x)}
+                m = meas.get(rate)
+                row = {"measured": _brief(m or {}), "simulated": _brief(x)}
+                if m:  # which of the bench's rules each side fails (a knee moves where they differ)
+                    row["misses"] = {"measured": slo_misses(m, slo, ttft_slo, resume_slo),
+                                     "simulated": slo_misses(x, slo, ttft_slo, resume_slo)}
+                per_rate[lab][f"{seed}/{rate}"] = row
+        out_pol[lab]["verdicts"] = verdicts(per_rate[lab].values())
     errs = [abs(p["rel_error"]) for p in out_pol.values() if p["rel_error"] is not None]
     counts = {k: (n, (bj.get("requests_per_rate") or {}).get(k)) for k, n in res["requests_per_rate"].items()}
     mixes_differ = sorted(k for k, m in res["request_mix"].items() if (bj.get("request_mix") or {}).get(k, m) != m)
@@ -427,9 +433,34 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     }
 
 
+def verdicts(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
+    """Over a policy's measured runs: how often the simulator's SLO verdict is the engine's, and where they
+    differ, the rules the failing side failed ("simulated_only": the simulator fails a run the engine
+    passed, counted per rule), with the median log(simulated / measured) of the two first-token tails the
+    rules judge (new requests' and resumed turns' p99), over the runs where both sides measured one."""
+    runs = [r for r in rows if "misses" in r]
+    agree = sum(1 for r in runs if bool(r["misses"]["measured"]) == bool(r["misses"]["simulated"]))
+    only: dict[str, dict[str, int]] = {"simulated_only": {}, "measured_only": {}}
+    for r in runs:
+        sim, meas = r["misses"]["simulated"], r["misses"]["measured"]
+        side, rules = (("simulated_only", sim) if sim and not meas else ("measured_only", meas) if meas and not sim
+                       else (None, []))
+        for rule in rules:
+            only[side][rule] = only[side].get(rule, 0) + 1
+
+    def log_ratio(key: str) -> float | None:
+        xs = [math.log(r["simulated"][key] / r["measured"][key]) for r in runs
+              if (r["simulated"].get(key) or 0) > 0 and (r["measured"].get(key) or 0) > 0]
+        return statistics.median(xs) if xs else None
+
+    return {"runs": len(runs), "agree": agree, **only,
+            "median_log_ttft_p99": log_ratio("ttft_p99_s"), "median_log_resume_p99": log_ratio("resume_p99_s")}
+
+
 def _brief(x: Mapping[str, Any]) -> dict[str, Any]:
     nl = x.get("normalized_latency_s") or {}
     return {"median_normalized_latency_s": nl.get("median"), "p90_normalized_latency_s": nl.get("p90"),
+            "ttft_p99_s": (x.get("ttft_s") or {}).get("p99"), "resume_p99_s": (x.get("resume_s") or {}).get("p99"),
             "completed": x.get("completed"), "requests": x.get("requests"), "forward_s": x.get("forward_s"),
             "wall_s": x.get("wall_s"), "recompute_share_of_forward": x.get("recompute_share_of_forward"),
             "waste_share_of_capacity_time": x.get("waste_share_of_capacity_time"), "swap_stall_s": x.get("swap_stall_s"),
@@ -474,6 +505,18 @@ def print_validation(v: Mapping[str, Any]) -> None:
             else:
                 line += " " * 22
         print(line.rstrip())
+    print("SLO verdicts per measured run (simulated vs measured), the rules the failing side failed where they differ, "
+          "and the median log(simulated / measured) of new requests' and resumed turns' p99 wait:")
+    for lab, p in v["policies"].items():
+        vd = p.get("verdicts")
+        if not vd or not vd["runs"]:
+            continue
+        differ = "; ".join(f"{who} fails {', '.join(f'{k} {n}' for k, n in sorted(vd[side].items()))}"
+                           for side, who in (("simulated_only", "only the simulator"), ("measured_only", "only the engine"))
+                           if vd[side])
+        tails = ", ".join(f"{name} {x:+.2f}" for name, x in (("ttft", vd["median_log_ttft_p99"]), ("resume", vd["median_log_resume_p99"]))
+                          if x is not None)
+        print(f"  {lab:18s} {vd['agree']}/{vd['runs']} agree" + (f" ({differ})" if differ else "") + (f"; tails {tails}" if tails else ""))
 
 
 def _pc(e: float | None) -> str:

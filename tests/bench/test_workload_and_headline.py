@@ -17,6 +17,7 @@ from infercept.benchmarks.metrics import (
     machine_check,
     max_rate_at_slo,
     meets_slo,
+    slo_misses,
     next_probe,
     repeatability,
     step_breakdown,
@@ -96,6 +97,15 @@ def test_slo_bounds_resumed_turns_wait_as_well() -> None:
     assert max_rate_at_slo(runs, 0.05, 1.0) == (2, False) and max_rate_at_slo(runs, 0.05, 1.0, 1.0) == (1, False)
     assert next_probe(runs, 0.05, 1.0, rel_tol=0.1) == 3 and next_probe(runs, 0.05, 1.0, rel_tol=0.1, resume_slo_s=1.0) == 1.5
     assert headline({"p": {1: runs}}, 0.05, 1.0, 1.0)["p"]["max_rate_by_seed"] == {"1": 1}
+
+
+def test_slo_misses_names_every_rule_a_run_fails() -> None:
+    assert slo_misses(run(1, 0.04, ttft_p99=0.5, resume_s={"p99": 0.5}), 0.05, 1.0, 1.0) == []
+    assert slo_misses(run(1, 0.06, ttft_p99=2.0, resume_s={"p99": 3.0}), 0.05, 1.0, 1.0) == ["latency", "ttft", "resume"]
+    no_ttft = {"normalized_latency_s": {"median": 0.04}, "resume_s": {"p99": 3.0}}
+    assert slo_misses(no_ttft, 0.05, 1.0, 1.0) == ["ttft", "resume"]  # a bound given, no TTFT measured: fails
+    assert slo_misses(run(1, None, ttft_p99=0.5), 0.05) == ["latency"]
+    assert slo_misses(run(1, 0.04, resume_s={"p99": 3.0}), 0.05, None, None) == []  # rules not given are not judged
 
 
 def test_bisection_probes_between_the_knee_and_the_first_failure() -> None:

@@ -89,6 +89,14 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
         assert set(v["per_rate"][lab]) == {"3/2", "3/4", "4/2", "4/4"}
         assert v["per_rate"][lab]["3/2"]["measured"]["median_normalized_latency_s"] == {"discard": 0.01, "infercept": 0.008, "unlimited-kv": 0.006}[lab]
     assert v["simulated_headline"]["infercept"]["max_rate_at_slo"] == v["policies"]["infercept"]["simulated"]
+    # Each measured run carries the rules each side fails; the policy's verdict counts add up over them.
+    assert v["per_rate"]["discard"]["3/4"]["misses"]["measured"] == ["latency"]  # 0.05 against 0.025
+    assert v["per_rate"]["discard"]["3/2"]["misses"]["measured"] == []
+    for lab, p in v["policies"].items():
+        rows = list(v["per_rate"][lab].values())
+        vd = p["verdicts"]
+        assert vd["runs"] == 4 and vd["agree"] == sum(bool(r["misses"]["measured"]) == bool(r["misses"]["simulated"]) for r in rows)
+        assert sum(vd["simulated_only"].values()) + sum(vd["measured_only"].values()) >= vd["runs"] - vd["agree"]
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
     # The host time per held request per step is fitted on the bound alone (its latencies over every
     # run), from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
