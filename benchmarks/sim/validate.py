@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import point_probe_s, resume_bound, slo_misses
+from infercept.benchmarks.metrics import max_rate_at_slo, point_probe_s, resume_bound, slo_misses
 from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
@@ -392,6 +392,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                                      "simulated": slo_misses(x, slo, ttft_slo, resume_slo)}
                 per_rate[lab][f"{seed}/{rate}"] = row
         out_pol[lab]["verdicts"] = verdicts(per_rate[lab].values())
+        out_pol[lab].update(same_rates_knee(bj, res["results"][lab], lab, seeds, measured, slo, ttft_slo, resume_slo))
     errs = [abs(p["rel_error"]) for p in out_pol.values() if p["rel_error"] is not None]
     counts = {k: (n, (bj.get("requests_per_rate") or {}).get(k)) for k, n in res["requests_per_rate"].items()}
     mixes_differ = sorted(k for k, m in res["request_mix"].items() if (bj.get("request_mix") or {}).get(k, m) != m)
@@ -425,12 +426,35 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                     "outside_15pct": sorted(lab for lab, p in out_pol.items() if p["rel_error"] is not None and abs(p["rel_error"]) > 0.15),
                     # A measured max rate of 0 (the lowest rate missed the SLO): no relative error; see the
                     # per-seed range and per_rate for how far off the simulation is.
-                    "no_relative_error": sorted(lab for lab, p in out_pol.items() if p["rel_error"] is None)},
+                    "no_relative_error": sorted(lab for lab, p in out_pol.items() if p["rel_error"] is None),
+                    # The same judged on the engine's own rates only (`same_rates_knee`).
+                    "within_15pct_same_rates": sorted(lab for lab, p in out_pol.items() if p["rel_error_same_rates"] is not None
+                                                      and abs(p["rel_error_same_rates"]) <= 0.15)},
         "per_rate": per_rate,
         "simulated_headline": res["headline"],
         "simulated_bound_violations": res["bound_violations"],
         "sim_wall_s": res["sim_wall_s"],
     }
+
+
+def same_rates_knee(bj: Mapping[str, Any], simulated: Mapping[int, Mapping[str, Any]], label: str, seeds: Sequence[int],
+                    measured: float | None, slo_s: float, ttft_slo_s: float | None,
+                    resume_slo_s: float | None) -> dict[str, Any]:
+    """The simulated knee over only the rates the engine ran for this policy and seed. The replay runs every
+    rate any policy tried (so both sides can find their knee), and a knee is the highest passing rate below
+    the lowest failing one: a failure at a rate the engine never tried for this seed (a low one, most of
+    all) lowers the simulated knee with nothing measured to compare. This knee is judged on the same points."""
+    by_seed: dict[str, float] = {}
+    for seed in seeds:
+        meas = measured_runs(bj, label, seed)
+        runs = {rate: x for rate, x in simulated[seed].items() if rate in meas}
+        if runs:
+            by_seed[str(seed)] = max_rate_at_slo(runs, slo_s, ttft_slo_s, resume_slo_s)[0]
+    if not by_seed:
+        return {"simulated_same_rates": None, "simulated_same_rates_by_seed": {}, "rel_error_same_rates": None}
+    med = statistics.median(by_seed.values())
+    return {"simulated_same_rates": med, "simulated_same_rates_by_seed": by_seed,
+            "rel_error_same_rates": (med - measured) / measured if measured else None}
 
 
 def verdicts(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
@@ -505,6 +529,11 @@ def print_validation(v: Mapping[str, Any]) -> None:
             else:
                 line += " " * 22
         print(line.rstrip())
+    same = [(lab, p) for lab, p in v["policies"].items() if p.get("simulated_same_rates") is not None]
+    if same:
+        print("simulated knee on the engine's own rates only (a failure at a rate the engine did not try for that seed "
+              "cannot lower it): " + ", ".join(f"{lab} {p['simulated_same_rates']:.2f} ({_pc(p['rel_error_same_rates'])})"
+                                               for lab, p in same))
     print("SLO verdicts per measured run (simulated vs measured), the rules the failing side failed where they differ, "
           "and the median log(simulated / measured) of new requests' and resumed turns' p99 wait:")
     for lab, p in v["policies"].items():

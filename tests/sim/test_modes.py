@@ -14,7 +14,7 @@ from infercept.benchmarks.replay import REPO, Setting
 from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replicas_needed, request_pool, sessions_at_slo
 from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.sweep import sweep
-from infercept.benchmarks.sim.validate import machine_speeds, print_validation, validate
+from infercept.benchmarks.sim.validate import machine_speeds, print_validation, same_rates_knee, validate
 from tests.sim.helpers import toy_bench
 from tests.bench.shape import check_headline, check_run
 
@@ -97,6 +97,7 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
         vd = p["verdicts"]
         assert vd["runs"] == 4 and vd["agree"] == sum(bool(r["misses"]["measured"]) == bool(r["misses"]["simulated"]) for r in rows)
         assert sum(vd["simulated_only"].values()) + sum(vd["measured_only"].values()) >= vd["runs"] - vd["agree"]
+        assert p["simulated_same_rates"] == p["simulated"]  # the replay ran exactly the engine's rates here
     assert v["replay"] == ["synthetic prompts (as the benchmark without ShareGPT)"]
     # The host time per held request per step is fitted on the bound alone (its latencies over every
     # run), from a grid that includes 0; the step overhead on the bench's unloaded reference (no policy).
@@ -110,6 +111,18 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
     # This bench did not record the swap budget's share of a step: 1.0, and the report says so.
     assert v["cost_model"]["window_share"] == 1.0 and "not recorded" in v["cost_model"]["window_share_source"]
     assert v["not_simulated"] == []
+
+
+def test_the_knee_on_the_engines_own_rates_ignores_a_failure_where_the_engine_did_not_run() -> None:
+    """The replay runs every rate any policy tried; a simulated failure at a rate the engine never ran for
+    that seed lowers the simulated knee (0 here) but not the one judged on the same points (2)."""
+    def r(rate: str, nl: float) -> dict[str, Any]:
+        return {"rate": float(rate), "normalized_latency_s": {"median": nl}}
+
+    bj = {"results": {"p": {"1": {"2": r("2", 0.01), "4": r("4", 0.09)}}}}
+    sim = {1: {"1": r("1", 0.09), "2": r("2", 0.01), "4": r("4", 0.09)}}
+    out = same_rates_knee(bj, sim, "p", [1], 2.0, 0.05, None, None)
+    assert out == {"simulated_same_rates": 2.0, "simulated_same_rates_by_seed": {"1": 2.0}, "rel_error_same_rates": 0.0}
 
 
 def test_the_speed_calibration_slows_or_speeds_the_profile_to_the_benchs_unloaded_reference(tmp_path: Path) -> None:
