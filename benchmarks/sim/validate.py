@@ -467,8 +467,12 @@ def verdicts(rows: Iterable[Mapping[str, Any]]) -> dict[str, Any]:
     only: dict[str, dict[str, int]] = {"simulated_only": {}, "measured_only": {}}
     for r in runs:
         sim, meas = r["misses"]["simulated"], r["misses"]["measured"]
-        side, rules = (("simulated_only", sim) if sim and not meas else ("measured_only", meas) if meas and not sim
-                       else (None, []))
+        if sim and not meas:
+            side, rules = "simulated_only", sim
+        elif meas and not sim:
+            side, rules = "measured_only", meas
+        else:
+            continue
         for rule in rules:
             only[side][rule] = only[side].get(rule, 0) + 1
 
