@@ -88,6 +88,8 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
         assert p["token_budget"] == v["token_budget"][lab]
         assert set(v["per_rate"][lab]) == {"3/2", "3/4", "4/2", "4/4"}
         assert v["per_rate"][lab]["3/2"]["measured"]["median_normalized_latency_s"] == {"discard": 0.01, "infercept": 0.008, "unlimited-kv": 0.006}[lab]
+        # The replay's steps beside the engine's (this made-up bench recorded none).
+        assert v["per_rate"][lab]["3/2"]["simulated"]["iterations"] > 0 and v["per_rate"][lab]["3/2"]["measured"]["iterations"] is None
     assert v["simulated_headline"]["infercept"]["max_rate_at_slo"] == v["policies"]["infercept"]["simulated"]
     # Each measured run carries the rules each side fails; the policy's verdict counts add up over them.
     assert v["per_rate"]["discard"]["3/4"]["misses"]["measured"] == ["latency"]  # 0.05 against 0.025
@@ -106,6 +108,7 @@ def test_validation_reads_the_new_bench_json_and_reports_relative_errors(tmp_pat
     assert v["cost_model"]["host_per_request_s"] == fit["host_per_request_s"]
     best = min(t["latency_log_error"] for t in fit["trials"])
     assert next(t for t in fit["trials"] if t["host_per_request_s"] == fit["host_per_request_s"])["latency_log_error"] == best
+    assert fit["at_grid_edge"] == (fit["host_per_request_s"] == fit["trials"][-1]["host_per_request_s"])
     step = v["cost_model"]["step_overhead_fit"]
     assert step["target_unloaded_s"] == 0.005 and v["cost_model"]["step_overhead_s"] == step["step_overhead_s"] >= 0
     # This bench did not record the swap budget's share of a step: 1.0, and the report says so.
