@@ -44,9 +44,11 @@ from engine_adapter.paths import configs_dir
 
 DEFAULT_PROFILE = configs_dir() / "profiles" / "tiny-cpu-bench.json"
 _NOT_SETTING = ("profile", "profile_data", "priors_dir")
-# 0 to 400 us per held request per step in 20 us steps (where every bench but `qa`'s has fitted), then coarser to
-# 2 ms, so that a fit at the top says the simulator lacks a cost rather than that the grid was short.
-HOST_GRID_S = tuple(i * 20e-6 for i in range(21)) + tuple(x * 1e-6 for x in (500, 600, 800, 1000, 1500, 2000))
+# 0 to 400 us per held request per step in 20 us steps (where every bench but `qa`'s has fitted), 50 us steps to
+# 1 ms (`qa-val-amd` fits above 400 us, and its knees move with every 100 us), then 1.5 and 2 ms, so that a fit at the top
+# says the simulator lacks a cost rather than that the grid was short.
+HOST_GRID_S = (tuple(i * 20e-6 for i in range(21)) + tuple(i * 50e-6 for i in range(9, 21))
+               + tuple(x * 1e-6 for x in (1500, 2000)))
 # The bound never recomputes or swaps, and every bench runs it: its latency measures the host time alone.
 DEFAULT_FIT_ON = "unlimited-kv"
 PAIR_SCALE_GRID = (0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 8.0, 12.0, 16.0)  # x the profile grid's cost per attention pair
