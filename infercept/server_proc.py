@@ -72,17 +72,6 @@ class ServerProcess:
         except OSError:
             return ""
 
-    async def wait_for_log(self, text: str, timeout_s: float = 60.0) -> str:
-        """The log once it holds `text`. The server prints its "ready" line after `/healthz` says ready (it
-        asks the engine for its stats first), so a reader that has just seen it ready may be early."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while text not in (logged := self.log_text()):
-            if loop.time() > deadline:
-                raise AssertionError(f"{text!r} not in the log after {timeout_s:g} s; log tail:\n{self.log_tail()}")
-            await asyncio.sleep(0.1)
-        return logged
-
     def log_tail(self, chars: int = 3000) -> str:
         return self.log_text()[-chars:]
 

@@ -18,6 +18,7 @@ import pytest
 from gateway.client import ApiError, AsyncClient, Event, SessionRef
 from gateway.durable import fold
 from infercept.server_proc import ServerProcess, alive, free_port, write_config
+from tests.waiting import wait_until
 
 
 @pytest.fixture
@@ -101,7 +102,10 @@ async def test_kill_9_mid_turn_then_restart_restores_every_session(tmp_path: Pat
     await b.wait_ready()
     # The whole log, waited on: the ready line comes after /healthz says ready (the server asks the engine
     # for its stats first; CI once read the log before it), and vLLM may log more after it.
-    await b.wait_for_log("sessions_restored=4")
+    try:
+        await wait_until(lambda: "sessions_restored=4" in b.log_text(), 60, "sessions_restored=4 in the log", every_s=0.1)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; log tail:\n{b.log_tail()}") from e
     assert alive(engine) == []  # the crashed server's engine was reaped, not left holding its memory
     async with AsyncClient(b.url) as c:
         after = await c.get_session(done)
