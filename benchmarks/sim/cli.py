@@ -76,7 +76,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(fitted on it as --validate fits them)")
     p.add_argument("--at-machine-speed", action="store_true",
                    help="--validate: replay each point at the machine speed its machine check measured (the mean of its two probes over "
-                        "the SLO reference's), the cost fits included; a bench made before the machine check is refused")
+                        "the SLO reference's), the cost fits included; a bench made before the machine check is refused. "
+                        "The speed check printed with every validation (forward time, measured against simulated) says "
+                        "which replay got the machine's speed right")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 

@@ -38,6 +38,7 @@ from infercept.benchmarks.sim.cost import (
 )
 from infercept.benchmarks.sim.report import headline
 from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, simulable, variant
+from infercept.benchmarks.sim.speedcheck import format_speed_check, speed_check
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.workload import ShareGPT
 from engine_adapter.paths import configs_dir
@@ -436,6 +437,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                     "within_15pct_same_rates": sorted(lab for lab, p in out_pol.items() if p["rel_error_same_rates"] is not None
                                                       and abs(p["rel_error_same_rates"]) <= 0.15)},
         "per_rate": per_rate,
+        "speed_check": speed_check(bj, per_rate),
         "simulated_headline": res["headline"],
         "simulated_bound_violations": res["bound_violations"],
         "sim_wall_s": res["sim_wall_s"],
@@ -522,6 +524,8 @@ def print_validation(v: Mapping[str, Any]) -> None:
           f"{cm.get('chunk_step_s', 0.0) * 1e3:.2f} ms per prefilled request ({cm.get('chunk_step_source', 'not in the profile: 0')})")
     if "machine_speed" in cm:  # validations made before the option lack it
         print(f"machine speed: {cm['machine_speed']}")
+    if v.get("speed_check"):  # validations made before the check lack it
+        print(format_speed_check(v["speed_check"]))
     sp = cm.get("decode_spill")
     if sp:
         print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "

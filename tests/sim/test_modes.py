@@ -4,6 +4,7 @@ the closed-loop capacity search, and `infercept simulate --quick` (what CI runs)
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ import pytest
 from infercept.benchmarks.replay import REPO, Setting
 from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replicas_needed, request_pool, sessions_at_slo
 from infercept.benchmarks.sim.paper import PaperRun
+from infercept.benchmarks.sim.speedcheck import format_speed_check, speed_check
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.sim.validate import machine_speeds, print_validation, same_rates_knee, validate
 from tests.sim.helpers import toy_bench
@@ -51,7 +53,8 @@ def fake_bench(path: Path) -> Path:
     """A bench.json in the current runner's format (`infercept bench`), with made-up measurements: two
     seeds, per-policy token budgets (discard tuned to vLLM's default), the SLO from the bench."""
     def runs(ms: tuple[float, float]) -> dict[str, Any]:
-        return {r: {"rate": float(r), "normalized_latency_s": {"median": m, "p90": 2 * m}, "completed": 5, "requests": 5}
+        return {r: {"rate": float(r), "normalized_latency_s": {"median": m, "p90": 2 * m}, "completed": 5, "requests": 5,
+                    "forward_s": 1.0}
                 for r, m in zip(("2", "4"), ms)}
 
     labels = ["discard", "infercept", "unlimited-kv"]
@@ -199,8 +202,10 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     assert other[3][4.0] == pytest.approx(1.5)  # infercept 1, the bound 2 (discard's point there is gone)
     assert other[4][2.0] == pytest.approx(1.0)  # discard 1.25, infercept 1, the bound 1
     assert plain["machine_speeds"] is None and "not applied" in plain["cost_model"]["machine_speed"]
-    print_validation(timed)  # the printed summary says which speeds the replay ran at
-    assert "machine speed: each point at its machine check's speed" in capsys.readouterr().out
+    print_validation(timed)  # the printed summary says which speeds the replay ran at, and how well
+    out = capsys.readouterr().out
+    assert "machine speed: each point at its machine check's speed" in out and "speed check over" in out
+    assert timed["speed_check"]["runs"] == 8  # two policies, two seeds, two rates
     def fwd(v: dict[str, Any], lab: str, point: str) -> float:
         return v["per_rate"][lab][point]["simulated"]["forward_s"]
     # The point the machine ran at half speed computes longer (not twice: its slower steps batch more requests
@@ -212,6 +217,35 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     bench.write_text(json.dumps(bj))
     with pytest.raises(ValueError, match="no machine check for its SLO reference"):
         validate(bench, machine_speed=True, **kw)
+
+
+def test_the_speed_check_compares_forward_time_and_reads_the_probes_noise_drift_and_reference() -> None:
+    # Eight points of one policy in the order they finished: the engine's forward time is 1.1x the simulated one
+    # on the first four and 1.3x on the last four; the probes say 10 then 20 ms/token (before and after a point
+    # 10% apart), the kept reference's probe 5 ms/token.
+    bj: dict[str, Any] = {"slo": {"reference_runs": [{"median_s": 0.01, "probe_s_per_token": 0.005},
+                                                     {"median_s": 0.02, "probe_s_per_token": 0.001}]},
+                          "results": {"p": {"1": {}}}}
+    per_rate: dict[str, Any] = {"p": {}}
+    for i in range(8):
+        rate, late = float(i + 1), i >= 4
+        probe = 0.02 if late else 0.01
+        bj["results"]["p"]["1"][f"{rate:g}"] = {"rate": rate, "finished": 100.0 + i,
+                                                "machine_check": {"before_s_per_token": probe, "after_s_per_token": probe * 1.1}}
+        per_rate["p"][f"1/{rate}"] = {"measured": {"forward_s": 1.3 if late else 1.1, "iterations": 90},
+                                      "simulated": {"forward_s": 1.0, "iterations": 100}}
+    per_rate["p"]["1/99.0"] = {"measured": {}, "simulated": {"forward_s": 2.0}}  # a rate only the replay ran
+    c = speed_check(bj, per_rate)
+    assert c["runs"] == 8
+    assert c["forward_log_ratio_median"] == pytest.approx((math.log(1.1) + math.log(1.3)) / 2)
+    assert c["forward_drift_log"] == pytest.approx(math.log(1.3 / 1.1))
+    assert c["steps_log_ratio_median"] == pytest.approx(math.log(0.9))
+    assert c["probe_noise_log"] == pytest.approx(math.log(1.1))
+    assert c["probe_drift_log"] == pytest.approx(math.log(2.0))
+    # The faster reference (by its latency) is the one the probed replay divides by; the probes' median is
+    # the geometric middle of 10.5 and 21 ms/token.
+    assert c["reference_probe_factor"] == pytest.approx(0.005 / math.sqrt(0.0105 * 0.021))
+    assert "speed check over 8 measured runs" in format_speed_check(c)
 
 
 def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on_another(tmp_path: Path) -> None:

@@ -1,0 +1,102 @@
+"""Whether a validation replayed the bench at the machine's speed, judged on what the knees do not use.
+
+A replay's knees depend on its step times: if the simulated machine is faster or slower than the one the
+bench met, every policy's knee moves, and a fitted cost (the host time per held request) can hide it. Each
+measured point records how long its engine spent in forward passes (`forward_s`), and the simulator reports
+the same for the same requests: their ratio, point by point, is the machine speed the replay got wrong (plus
+the work it cut differently, which the step counts beside it show). The probes (one request alone on the idle
+engine before and after each point, `benchmarks.replay.decode_probe`) are the other measure of the machine:
+this module says how noisy they are (before against after the same point), where the reference the probed
+replay divides by sits among them, and how much they drift over the run against the forward time's drift.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    return statistics.median(xs) if xs else None
+
+
+def _drift(rows: Sequence[tuple[float, float]]) -> float | None:
+    """The median of the last quarter minus that of the first (values in log, rows sorted by time)."""
+    k = len(rows) // 4
+    if k < 2:
+        return None
+    return statistics.median(v for _, v in rows[-k:]) - statistics.median(v for _, v in rows[:k])
+
+
+def _bench_point(bj: Mapping[str, Any], label: str, seed: str, rate: float) -> Mapping[str, Any] | None:
+    for r in (((bj.get("results") or {}).get(label) or {}).get(seed) or {}).values():
+        if isinstance(r, Mapping) and abs(float(r["rate"]) - rate) < 1e-9:
+            return r
+    return None
+
+
+def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
+    """Over the measured runs of a validation (`per_rate`: label -> "seed/rate" -> measured and simulated
+    `_brief`s): log(measured / simulated) forward seconds and steps with work (median, and median of the
+    absolute value), the forward ratio's drift over the run (last quarter of the points in the order they
+    finished, against the first), and the bench's probes: their noise (median |log(before / after)| of one
+    point), their drift on the same points, and the probe of the SLO reference the probed replay divides by
+    (the faster reference's), as a factor of the run's median probe."""
+    fwd: list[tuple[float, float]] = []  # (finished, log ratio)
+    steps: list[float] = []
+    probes: list[tuple[float, float]] = []  # (finished, log of the point's mean probe)
+    noise: list[float] = []
+    for label, runs in per_rate.items():
+        for key, row in runs.items():
+            m, s = row.get("measured") or {}, row.get("simulated") or {}
+            if not (m.get("forward_s") and s.get("forward_s")):
+                continue
+            seed, rate = key.split("/")
+            point = _bench_point(bj, label, seed, float(rate)) or {}
+            when = float(point.get("finished") or 0.0)
+            fwd.append((when, math.log(m["forward_s"] / s["forward_s"])))
+            if m.get("iterations") and s.get("iterations"):
+                steps.append(math.log(m["iterations"] / s["iterations"]))
+            mc = point.get("machine_check") or {}
+            b, a = mc.get("before_s_per_token"), mc.get("after_s_per_token")
+            if b and a:
+                noise.append(abs(math.log(b / a)))
+            got = [x for x in (b, a) if x]
+            if got:
+                probes.append((when, math.log(statistics.fmean(got))))
+    fwd.sort()
+    probes.sort()
+    timed = all(t for t, _ in fwd)  # a bench before `finished` was recorded has no order to drift over
+    out: dict[str, Any] = {
+        "runs": len(fwd),
+        "forward_log_ratio_median": _median([v for _, v in fwd]),
+        "forward_log_ratio_median_abs": _median([abs(v) for _, v in fwd]),
+        "forward_drift_log": _drift(fwd) if timed else None,
+        "steps_log_ratio_median": _median(steps),
+        "probe_noise_log": _median(noise),
+        "probe_drift_log": _drift(probes) if timed else None,
+        "reference_probe_factor": None,
+    }
+    refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
+    if refs and probes:
+        kept = min(refs, key=lambda r: r["median_s"])["probe_s_per_token"]  # as `validate.machine_speeds` divides
+        out["reference_probe_factor"] = kept / math.exp(statistics.median(v for _, v in probes))
+    return out
+
+
+def format_speed_check(c: Mapping[str, Any]) -> str:
+    """One paragraph for `print_validation`."""
+    def lg(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.3f}"
+
+    def ab(x: float | None) -> str:
+        return "-" if x is None else f"{x:.3f}"
+
+    ref = c.get("reference_probe_factor")
+    return (f"speed check over {c['runs']} measured runs, log(measured / simulated): forward time median "
+            f"{lg(c['forward_log_ratio_median'])} (median |.| {ab(c['forward_log_ratio_median_abs'])}, drift over the run "
+            f"{lg(c['forward_drift_log'])}), steps with work {lg(c['steps_log_ratio_median'])}; probes: noise "
+            f"{ab(c['probe_noise_log'])} (median |log before/after| of a point), drift {lg(c['probe_drift_log'])}, "
+            f"the SLO reference's probe at {'-' if ref is None else f'{ref:.2f}'}x their median")
