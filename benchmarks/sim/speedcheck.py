@@ -17,6 +17,8 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from infercept.benchmarks.metrics import point_probe_s
+
 
 def _median(xs: Sequence[float]) -> float | None:
     return statistics.median(xs) if xs else None
@@ -35,6 +37,13 @@ def _bench_point(bj: Mapping[str, Any], label: str, seed: str, rate: float) -> M
         if isinstance(r, Mapping) and abs(float(r["rate"]) - rate) < 1e-9:
             return r
     return None
+
+
+def reference_probe_s(bj: Mapping[str, Any]) -> float | None:
+    """The probe (seconds per token) of the SLO reference the bench kept, the faster of its reference runs by
+    their latency; None where no reference recorded a probe (a bench made before the machine check)."""
+    refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
+    return min(refs, key=lambda r: r["median_s"])["probe_s_per_token"] if refs else None
 
 
 def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
@@ -63,9 +72,9 @@ def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mappi
             b, a = mc.get("before_s_per_token"), mc.get("after_s_per_token")
             if b and a:
                 noise.append(abs(math.log(b / a)))
-            got = [x for x in (b, a) if x]
-            if got:
-                probes.append((when, math.log(statistics.fmean(got))))
+            probe = point_probe_s(point)
+            if probe:
+                probes.append((when, math.log(probe)))
     fwd.sort()
     probes.sort()
     timed = all(t for t, _ in fwd)  # a bench before `finished` was recorded has no order to drift over
@@ -79,9 +88,8 @@ def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mappi
         "probe_drift_log": _drift(probes) if timed else None,
         "reference_probe_factor": None,
     }
-    refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
-    if refs and probes:
-        kept = min(refs, key=lambda r: r["median_s"])["probe_s_per_token"]  # as `validate.machine_speeds` divides
+    kept = reference_probe_s(bj)  # what `validate.machine_speeds` divides by
+    if kept and probes:
         out["reference_probe_factor"] = kept / math.exp(statistics.median(v for _, v in probes))
     return out
 

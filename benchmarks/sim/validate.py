@@ -38,7 +38,7 @@ from infercept.benchmarks.sim.cost import (
 )
 from infercept.benchmarks.sim.report import headline
 from infercept.benchmarks.sim.setup import SimBench, make_setting, profile_from_bench, simulable, variant
-from infercept.benchmarks.sim.speedcheck import format_speed_check, speed_check
+from infercept.benchmarks.sim.speedcheck import format_speed_check, reference_probe_s, speed_check
 from infercept.benchmarks.sim.sweep import sweep
 from infercept.benchmarks.workload import ShareGPT
 from engine_adapter.paths import configs_dir
@@ -115,11 +115,10 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
     run at all (one explored in the simulator beside the measured ones) gets, at each seed and rate, the median
     speed of the policies measured there: the machine as every policy met it at that point of the run. A bench
     without the probes (made before the machine check) cannot be replayed so: an error naming what is missing."""
-    refs = [r for r in (bj.get("slo") or {}).get("reference_runs") or [] if r.get("probe_s_per_token") and r.get("median_s")]
-    if not refs:
+    ref = reference_probe_s(bj)
+    if ref is None:
         raise ValueError("this bench recorded no machine check for its SLO reference (slo.reference_runs[].probe_s_per_token): "
                          "it cannot be replayed at its measured machine speed")
-    ref = min(refs, key=lambda r: r["median_s"])["probe_s_per_token"]  # the faster reference is the one kept
     results = bj.get("results") or {}
     measured: dict[str, dict[int, dict[float, float]]] = {}
     for lab, by_seed in results.items():
