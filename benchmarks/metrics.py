@@ -453,6 +453,11 @@ MACHINE_CHECK_RULE = ("one request alone on the idle engine before and after eve
                       "probe is more than `tolerance` slower")
 
 
+def measured_runs(bj: Mapping[str, Any], label: str, seed: int | str) -> dict[str, Any]:
+    """A policy's per-rate results for one seed in a bench.json (`results[policy][seed][rate]`)."""
+    return dict(((bj.get("results") or {}).get(label) or {}).get(str(seed)) or {})
+
+
 def point_probe_s(run: Mapping[str, Any]) -> float | None:
     """A point's machine speed in seconds per token: the mean of its machine-check probes (before and
     after it; either may be missing), None where it has none (a point made before the check)."""

@@ -17,7 +17,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from infercept.benchmarks.metrics import point_probe_s
+from infercept.benchmarks.metrics import measured_runs, point_probe_s
 
 
 def _median(xs: Sequence[float]) -> float | None:
@@ -32,13 +32,6 @@ def _drift(rows: Sequence[tuple[float, float]]) -> float | None:
     return statistics.median(v for _, v in rows[-k:]) - statistics.median(v for _, v in rows[:k])
 
 
-def _bench_point(bj: Mapping[str, Any], label: str, seed: str, rate: float) -> Mapping[str, Any] | None:
-    for r in (((bj.get("results") or {}).get(label) or {}).get(seed) or {}).values():
-        if isinstance(r, Mapping) and abs(float(r["rate"]) - rate) < 1e-9:
-            return r
-    return None
-
-
 def reference_probe_s(bj: Mapping[str, Any]) -> float | None:
     """The probe (seconds per token) of the SLO reference the bench kept, the faster of its reference runs by
     their latency; None where no reference recorded a probe (a bench made before the machine check)."""
@@ -48,11 +41,11 @@ def reference_probe_s(bj: Mapping[str, Any]) -> float | None:
 
 def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, Any]:
     """Over the measured runs of a validation (`per_rate`: label -> "seed/rate" -> measured and simulated
-    `_brief`s): log(measured / simulated) forward seconds and steps with work (median, and median of the
-    absolute value), the forward ratio's drift over the run (last quarter of the points in the order they
-    finished, against the first), and the bench's probes: their noise (median |log(before / after)| of one
-    point), their drift on the same points, and the probe of the SLO reference the probed replay divides by
-    (the faster reference's), as a factor of the run's median probe."""
+    `_brief`s, the rate as the bench's `results` keys it): log(measured / simulated) forward seconds and steps
+    with work (median, and median of the absolute value), the forward ratio's drift over the run (last quarter
+    of the points in the order they finished, against the first), and the bench's probes: their noise (median
+    |log(before / after)| of one point), their drift on the same points, and the probe of the SLO reference the
+    probed replay divides by (the faster reference's), as a factor of the run's median probe."""
     fwd: list[tuple[float, float]] = []  # (finished, log ratio)
     steps: list[float] = []
     probes: list[tuple[float, float]] = []  # (finished, log of the point's mean probe)
@@ -63,7 +56,7 @@ def speed_check(bj: Mapping[str, Any], per_rate: Mapping[str, Mapping[str, Mappi
             if not (m.get("forward_s") and s.get("forward_s")):
                 continue
             seed, rate = key.split("/")
-            point = _bench_point(bj, label, seed, float(rate)) or {}
+            point = measured_runs(bj, label, seed).get(rate) or {}
             when = float(point.get("finished") or 0.0)
             fwd.append((when, math.log(m["forward_s"] / s["forward_s"])))
             if m.get("iterations") and s.get("iterations"):

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infercept.benchmarks.metrics import max_rate_at_slo, point_probe_s, resume_bound, slo_misses
+from infercept.benchmarks.metrics import max_rate_at_slo, measured_runs, point_probe_s, resume_bound, slo_misses
 from infercept.benchmarks.sim.cost import (
     KVSpill,
     attention_pair_s,
@@ -62,11 +62,6 @@ def read_bench(bench_path: str | Path) -> dict[str, Any]:
         raise ValueError(f"{bench_path}: not a bench.json of the current runner (no {', '.join(missing)}); "
                          "rerun `infercept bench`")
     return bj
-
-
-def measured_runs(bj: Mapping[str, Any], label: str, seed: int) -> dict[str, Any]:
-    """A policy's per-rate results for one seed (`results[policy][seed][rate]`)."""
-    return dict(((bj.get("results") or {}).get(label) or {}).get(str(seed)) or {})
 
 
 def bench_budgets(bj: Mapping[str, Any]) -> dict[str, int | None]:
@@ -177,6 +172,7 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
                     window_share=window_share, chunk_step_s=chunk_step_s, machine_speed=machine_speed)
     kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
     v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, machine_speed=machine_speed, **kw)
+    v["speed_check"] = speed_check(bj, v["per_rate"])  # once, on the final replay (the fits' trials need none)
     v["bench"] = str(bench_path)
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"].update(cost.fits())
@@ -436,7 +432,6 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                     "within_15pct_same_rates": sorted(lab for lab, p in out_pol.items() if p["rel_error_same_rates"] is not None
                                                       and abs(p["rel_error_same_rates"]) <= 0.15)},
         "per_rate": per_rate,
-        "speed_check": speed_check(bj, per_rate),
         "simulated_headline": res["headline"],
         "simulated_bound_violations": res["bound_violations"],
         "sim_wall_s": res["sim_wall_s"],

@@ -232,9 +232,9 @@ def test_the_speed_check_compares_forward_time_and_reads_the_probes_noise_drift_
         probe = 0.02 if late else 0.01
         bj["results"]["p"]["1"][f"{rate:g}"] = {"rate": rate, "finished": 100.0 + i,
                                                 "machine_check": {"before_s_per_token": probe, "after_s_per_token": probe * 1.1}}
-        per_rate["p"][f"1/{rate}"] = {"measured": {"forward_s": 1.3 if late else 1.1, "iterations": 90},
+        per_rate["p"][f"1/{rate:g}"] = {"measured": {"forward_s": 1.3 if late else 1.1, "iterations": 90},
                                       "simulated": {"forward_s": 1.0, "iterations": 100}}
-    per_rate["p"]["1/99.0"] = {"measured": {}, "simulated": {"forward_s": 2.0}}  # a rate only the replay ran
+    per_rate["p"]["1/99"] = {"measured": {}, "simulated": {"forward_s": 2.0}}  # a rate only the replay ran
     c = speed_check(bj, per_rate)
     assert c["runs"] == 8
     assert c["forward_log_ratio_median"] == pytest.approx((math.log(1.1) + math.log(1.3)) / 2)
