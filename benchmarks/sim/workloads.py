@@ -53,7 +53,9 @@ def _bench_workloads(workload: str, rates: tuple[float, ...], duration_s: float,
         texts = _sharegpt_texts()
         encode = _tokenizer_encode(sharegpt_model) if texts else None
         if encode is None or not texts:
-            texts, note = (), "approximate: the ShareGPT package or the model's tokenizer is missing, other draws"
+            missing = "the ShareGPT package (scripts/install.sh)" if not texts else \
+                f"{sharegpt_model}'s tokenizer (`infercept model prepare --name {sharegpt_model}`)"
+            texts, note = (), f"approximate: {missing} is missing, other draws than the benchmark's"
         else:
             note = f"exact: ShareGPT prompts tokenized with {sharegpt_model}'s tokenizer, as the benchmark drew them"
     out = {r: [lengths_only(q) for q in generate(workload, r, duration_s, seed, context_scale=context_scale,
