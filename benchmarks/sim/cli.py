@@ -74,11 +74,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cost-from", metavar="BENCH_JSON",
                    help="--sensitivity: start every cell from that bench run's profile, setting and cost constants "
                         "(fitted on it as --validate fits them)")
-    p.add_argument("--at-machine-speed", action="store_true",
-                   help="--validate: replay each point at the machine speed its machine check measured (the mean of its two probes over "
-                        "the SLO reference's), the cost fits included; a bench made before the machine check is refused. "
-                        "The speed check printed with every validation (forward time, measured against simulated) says "
-                        "which replay got the machine's speed right")
+    p.add_argument("--at-machine-speed", nargs="?", const="probed", choices=("probed", "damped"), default=None,
+                   help="--validate: replay each point at the machine speed its machine check measured, the cost fits included; "
+                        "a bench made before the machine check is refused. 'probed' (the default when given): the mean of its two "
+                        "probes over the SLO reference's; 'damped': over the run's median probe, to the power with which the "
+                        "forward time followed the probes in a replay at one speed (fitted first; the one-speed replay is kept "
+                        "in the JSON). The speed check printed with every validation (forward time, measured against simulated) "
+                        "says which replay got the machine's speed right")
     p.add_argument("--out", help="where to write the JSON (default under results/sim/)")
 
 

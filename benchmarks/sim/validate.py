@@ -100,10 +100,35 @@ def measured_window_share(bj: Mapping[str, Any]) -> float | None:
     return statistics.median(xs) if xs else None
 
 
-def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence[float] = ()) -> dict[str, dict[int, dict[float, float]]]:
+@dataclass(frozen=True)
+class SpeedReplay:
+    """How a validation replays each point's machine speed from its probes: (probe / anchor) ** exponent.
+
+    `PROBED` (`--at-machine-speed`): the probe over the SLO reference's, whole. `damped` (`--at-machine-speed
+    damped`): the probe over the run's median probe, to the power the forward time followed the probes with in a
+    replay at one speed (`speedcheck.probe_slope`): the typical point stays where the unloaded calibration put
+    every point, and a point whose probe moved is moved by as much of it as the loaded engine moved with probes.
+    Session 28 measured why the whole probe overshoots: the kept reference's probe is a fast draw (0.63-0.89x the
+    run's median on five runs), and a probe moves 2-5x more than the loaded forward time."""
+
+    exponent: float = 1.0
+    anchor: str = "reference"  # or "median": the run's median point probe
+
+    def describe(self) -> str:
+        over = "the SLO reference's probe" if self.anchor == "reference" else "the run's median probe"
+        return (f"each point at its machine check's speed over {over}" +
+                ("" if self.exponent == 1.0 else f", to the power {self.exponent:.3f} (damped)") + " (machine_speeds)")
+
+
+PROBED = SpeedReplay()
+
+
+def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence[float] = (),
+                   how: SpeedReplay = PROBED) -> dict[str, dict[int, dict[float, float]]]:
     """Each measured point's machine speed relative to the SLO reference's (`SimEngine.speed`): the mean of
     the point's machine-check probes (one request alone on the idle engine before and after it) over the
-    probe of the reference the bench kept (the faster one), by label, seed and rate. The reference is where
+    probe of the reference the bench kept (the faster one), by label, seed and rate; `how` may anchor it on the
+    run's median probe instead and damp it (`SpeedReplay`). The reference is where
     the simulator's costs are calibrated (`_fit_step_overhead`), so it is speed 1. `rates`: every rate the
     replay runs; one the bench did not measure for a policy and seed (another policy's bisection probe) gets the
     median of that policy's measured speeds, not the reference's (a fast moment). A policy the bench did not
@@ -115,16 +140,22 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
         raise ValueError("this bench recorded no machine check for its SLO reference (slo.reference_runs[].probe_s_per_token): "
                          "it cannot be replayed at its measured machine speed")
     results = bj.get("results") or {}
-    measured: dict[str, dict[int, dict[float, float]]] = {}
+    probes: dict[str, dict[int, dict[float, float]]] = {}
     for lab, by_seed in results.items():
         for seed, runs in by_seed.items():
             for r in runs.values():
                 probe = point_probe_s(r)
                 if probe is None:
                     raise ValueError(f"{lab}, seed {seed}, {r.get('rate')} req/s: no machine check in the bench's point")
-                measured.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = probe / ref
-    if not measured:
+                probes.setdefault(lab, {}).setdefault(int(seed), {})[float(r["rate"])] = probe
+    if not probes:
         raise ValueError("the bench has no measured point: no machine speed to replay at")
+    if how.anchor == "median":
+        ref = statistics.median(x for m in probes.values() for by_rate in m.values() for x in by_rate.values())
+    elif how.anchor != "reference":
+        raise ValueError(f"unknown machine-speed anchor {how.anchor!r}: 'reference' or 'median'")
+    measured = {lab: {seed: {rate: (x / ref) ** how.exponent for rate, x in by_rate.items()} for seed, by_rate in m.items()}
+                for lab, m in probes.items()}
     every = statistics.median(x for m in measured.values() for by_rate in m.values() for x in by_rate.values())
     out: dict[str, dict[int, dict[float, float]]] = {}
     for lab in labels:
@@ -143,12 +174,21 @@ def machine_speeds(bj: Mapping[str, Any], labels: Sequence[str], rates: Sequence
     return out
 
 
+def _speed_replay(mode: str | None) -> SpeedReplay | None:
+    """The replay `validate` starts from: None (one speed, also the first pass of "damped"), or `PROBED`."""
+    if mode in (None, "one", "damped"):
+        return None
+    if mode == "probed":
+        return PROBED
+    raise ValueError(f"unknown machine-speed replay {mode!r}: 'probed' or 'damped' (or none: one speed)")
+
+
 def validate(bench_path: str | Path, *, policies: list[str] | None = None, token_budget: int | None = None,
              context_share: float | Mapping[int, float] | None = None, frontend_s: tuple[float, float] | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None, fit_on: str | None = DEFAULT_FIT_ON,
              decode_grid: str | Path | None = None, cache_cliff: bool = False, fit_recompute_on: str | None = None,
              window_share: float | None = None, chunk_step_s: float | None = None, verbose: bool = True,
-             machine_speed: bool = False) -> dict[str, Any]:
+             machine_speed: str | None = None) -> dict[str, Any]:
     """Replay and compare. Unless given, the host time per held request per step is fitted on
     `fit_on` alone (the grid value whose median latencies are closest to the measured ones, `_fit_grid`);
     the report also gives every policy's error without it. `decode_grid`: decode steps measured over
@@ -158,9 +198,22 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     `fit_recompute_on`: after the host time, fit on that policy alone a multiple of the profile's
     attention cost per (query, earlier key) pair, the cost a chunk of a recompute (or of a chunked
     prompt) pays over the context before it and a lone prompt of the grid never does; fitting the host
-    time then on a policy that never recomputes (the bound) keeps the two apart. `machine_speed`: replay
-    every point at the machine speed its machine check measured (`machine_speeds`), the fits included."""
+    time then on a policy that never recomputes (the bound) keeps the two apart. `machine_speed`: None replays
+    every point at one speed; "probed" at the machine speed its machine check measured (`machine_speeds`), the
+    fits included; "damped" first replays at one speed, takes the slope with which the forward time followed the
+    probes there (`speedcheck.probe_slope`, clipped to [0, 1]) and replays at the probes over their median to that
+    power (`SpeedReplay`), the fits made again; the one-speed replay's speed check is kept beside."""
     bj = read_bench(bench_path)
+    how, first = _speed_replay(machine_speed), None
+    if machine_speed == "damped":
+        first = validate(bench_path, policies=policies, token_budget=token_budget, context_share=context_share,
+                         frontend_s=frontend_s, host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s,
+                         fit_on=fit_on, decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
+                         window_share=window_share, chunk_step_s=chunk_step_s, verbose=False)
+        fitted = first["speed_check"]["probe_slope"]
+        if fitted is None:
+            raise ValueError("a damped machine-speed replay needs at least four measured points with probes and forward times")
+        how = SpeedReplay(exponent=min(1.0, max(0.0, fitted["slope"])), anchor="median")
     # Unnamed: every policy of the bench the simulator models (the others are listed in the report).
     skipped = [] if policies else [lab for lab in bj["policies"] if not simulable(lab)]
     policies = list(policies or [lab for lab in bj["policies"] if simulable(lab)])
@@ -169,20 +222,25 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     cost = fit_cost(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
                     host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, fit_on=fit_on,
                     decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
-                    window_share=window_share, chunk_step_s=chunk_step_s, machine_speed=machine_speed)
+                    window_share=window_share, chunk_step_s=chunk_step_s, machine_speed=how)
     kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
-    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, machine_speed=machine_speed, **kw)
+    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, machine_speed=how, **kw)
     v["speed_check"] = speed_check(bj, v["per_rate"])  # once, on the final replay (the fits' trials need none)
     v["bench"] = str(bench_path)
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"].update(cost.fits())
     v["not_simulated"] = skipped
+    if first is not None:  # what the damping was fitted on, and how the one-speed replay did
+        v["one_speed_replay"] = {"speed_check": first["speed_check"], "summary": first["summary"],
+                                 "host_per_request_s": first["cost_model"]["host_per_request_s"],
+                                 "knees": {lab: {k: p[k] for k in ("simulated", "rel_error", "simulated_by_seed")}
+                                           for lab, p in first["policies"].items()}}
     if spill is not None:
-        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, machine_speed=machine_speed,
+        without = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=False, machine_speed=how,
                             **{**kw, "spill": None})
         v["without_decode_spill"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     if host_per_request_s:
-        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, machine_speed=machine_speed, **kw)
+        without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, machine_speed=how, **kw)
         v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     return v
 
@@ -214,7 +272,7 @@ def fit_cost(bj: Mapping[str, Any], *, token_budget: int | None = None,
              host_per_request_s: float | None = None, step_overhead_s: float | None = None,
              fit_on: str | None = DEFAULT_FIT_ON, decode_grid: str | Path | None = None, cache_cliff: bool = False,
              fit_recompute_on: str | None = None, window_share: float | None = None,
-             chunk_step_s: float | None = None, machine_speed: bool = False) -> FittedCost:
+             chunk_step_s: float | None = None, machine_speed: SpeedReplay | None = None) -> FittedCost:
     """The cost constants the bench's machine had (see `validate`), each given or fitted on the bench.
     `window_share`: given, or the bench's measured one (`measured_window_share`); 1.0 (copies hide
     behind the whole step) where the bench did not record it, said so in `window_share_source`."""
@@ -335,7 +393,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
               token_budget: int | None = None, context_share: float | Mapping[int, float] | None = None,
               frontend_s: tuple[float, float] | None = None, step_overhead_s: float = 0.0,
               spill: KVSpill | None = None, pair_scale: float = 1.0, window_share: float = 1.0,
-              chunk_step_s: float | None = None, machine_speed: bool = False, speed: float = 1.0) -> dict[str, Any]:
+              chunk_step_s: float | None = None, machine_speed: SpeedReplay | None = None, speed: float = 1.0) -> dict[str, Any]:
     labels = list(policies or bj["policies"])
     for lab in labels:
         variant(lab)  # unknown labels fail here, before any work
@@ -353,7 +411,7 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
     # simulator runs them all, so that both knees are found on the same points.
     tried = sorted({float(r["rate"]) for lab in labels for runs in (bj["results"].get(lab) or {}).values() for r in runs.values()}
                    | {float(r) for r in bj["rates"]})
-    speeds = machine_speeds(bj, labels, tried) if machine_speed else None
+    speeds = machine_speeds(bj, labels, tried, machine_speed) if machine_speed else None
     res = sweep(sb, labels, tried, float(bj["duration_s"]), seeds, workload=bj["workload"],
                 slo_factor=float(bj["slo"]["slo_factor"]), slo_s=slo, ttft_slo_s=ttft_slo, resume_slo_s=resume_slo,
                 sharegpt_model=sharegpt, verbose=verbose, speeds=speeds)
@@ -409,8 +467,8 @@ def _validate(bj: Mapping[str, Any], policies: list[str] | None, *, host_per_req
                        "step_overhead_s": sb.step_overhead_s, "speed_at_reference": sb.speed, "chunk_step_s": sb.chunk_s(),
                        "chunk_step_source": "given" if chunk_step_s is not None else
                        ("the profile's extra.chunk_step_s" if "chunk_step_s" in sb.profile.extra else "not in the profile: 0"),
-                       "machine_speed": ("each point at its machine check's speed over the SLO reference's (machine_speeds)"
-                                         if machine_speed else "not applied: every point at the profile's speed")},
+                       "machine_speed": machine_speed.describe() if machine_speed else "not applied: every point at the profile's speed",
+                       "machine_speed_replay": dataclasses.asdict(machine_speed) if machine_speed else None},
         "machine_speeds": speeds,
         "seeds": seeds, "rates": res["rates"], "token_budget": res["token_budget"],
         "setting": {k: res["setting"][k] for k in ("kv_tokens", "unlimited_kv_tokens", "block_size", "max_num_seqs",
@@ -520,6 +578,11 @@ def print_validation(v: Mapping[str, Any]) -> None:
         print(f"machine speed: {cm['machine_speed']}")
     if v.get("speed_check"):  # validations made before the check lack it
         print(format_speed_check(v["speed_check"]))
+    first = v.get("one_speed_replay")
+    if first:  # a damped replay: the one-speed replay its power was fitted on
+        within, knees = first["summary"]["within_15pct"], first["knees"]
+        print(f"the one-speed replay the damping was fitted on: {len(within)} of {len(knees)} knees within 15% "
+              f"(host time {first['host_per_request_s'] * 1e6:.0f} us); " + format_speed_check(first["speed_check"]))
     sp = cm.get("decode_spill")
     if sp:
         print(f"cache cliff: a step reading more than {sp['threshold_bytes'] / 2**20:.1f} MiB of KV costs "

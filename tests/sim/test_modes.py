@@ -16,7 +16,7 @@ from infercept.benchmarks.sim.capacity import CapacityResult, ClosedLoop, replic
 from infercept.benchmarks.sim.paper import PaperRun
 from infercept.benchmarks.sim.speedcheck import format_speed_check, speed_check
 from infercept.benchmarks.sim.sweep import sweep
-from infercept.benchmarks.sim.validate import machine_speeds, print_validation, same_rates_knee, validate
+from infercept.benchmarks.sim.validate import SpeedReplay, machine_speeds, print_validation, same_rates_knee, validate
 from tests.sim.helpers import toy_bench
 from tests.bench.shape import check_headline, check_run
 
@@ -188,7 +188,7 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     bench.write_text(json.dumps(bj))
     kw: dict[str, Any] = {"policies": ["discard", "unlimited-kv"], "host_per_request_s": 0.0, "step_overhead_s": 0.0, "verbose": False}
     plain = validate(bench, **kw)
-    timed = validate(bench, machine_speed=True, **kw)
+    timed = validate(bench, machine_speed="probed", **kw)
     speeds = timed["machine_speeds"]
     assert speeds["discard"][4][2.0] == pytest.approx(1.25) and speeds["unlimited-kv"][3][4.0] == pytest.approx(2.0)
     assert speeds["unlimited-kv"][4][4.0] == pytest.approx(1.0)
@@ -216,7 +216,7 @@ def test_validation_replays_each_point_at_its_measured_machine_speed(tmp_path: P
     del bj["slo"]["reference_runs"]
     bench.write_text(json.dumps(bj))
     with pytest.raises(ValueError, match="no machine check for its SLO reference"):
-        validate(bench, machine_speed=True, **kw)
+        validate(bench, machine_speed="probed", **kw)
 
 
 def test_the_speed_check_compares_forward_time_and_reads_the_probes_noise_drift_and_reference() -> None:
@@ -245,7 +245,52 @@ def test_the_speed_check_compares_forward_time_and_reads_the_probes_noise_drift_
     # The faster reference (by its latency) is the one the probed replay divides by; the probes' median is
     # the geometric middle of 10.5 and 21 ms/token.
     assert c["reference_probe_factor"] == pytest.approx(0.005 / math.sqrt(0.0105 * 0.021))
-    assert "speed check over 8 measured runs" in format_speed_check(c)
+    # The forward ratio follows log(probe) exactly here (two levels): slope log(1.3 / 1.1) / log 2, r 1.
+    assert c["probe_slope"]["slope"] == pytest.approx(math.log(1.3 / 1.1) / math.log(2.0))
+    assert c["probe_slope"]["r"] == pytest.approx(1.0) and c["probe_slope"]["points"] == 8
+    assert "speed check over 8 measured runs" in format_speed_check(c) and "slope 0.24 (r 1.00)" in format_speed_check(c)
+
+
+def test_the_damped_replay_anchors_on_the_median_probe_and_fits_its_power_on_a_one_speed_replay(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = fake_bench(tmp_path / "bench.json")
+    bj = json.loads(bench.read_text())
+    bj["slo"]["reference_runs"] = [{"median_s": 0.005, "probe_s_per_token": 0.001}]  # a fast draw: half the median
+    for lab, by_seed in bj["results"].items():
+        for seed, runs in by_seed.items():
+            for rate, r in runs.items():
+                slow = 4.0 if (lab, seed, rate) == ("unlimited-kv", "3", "4") else 1.0
+                r["machine_check"] = {"before_s_per_token": 0.002 * slow, "after_s_per_token": 0.002 * slow}
+                # The engine's forward time moved with the probe by a quarter of it (slope 0.25 in logs).
+                r["forward_s"] = float(r.get("forward_s") or 1.0) * slow ** 0.25
+    bench.write_text(json.dumps(bj))
+    # By hand: the median probe (2 ms/token) is speed 1, the slow point (8 ms) 4 ** 0.5 = 2 at power 0.5;
+    # the probed replay puts every point at twice the reference's probe.
+    half = machine_speeds(bj, ["unlimited-kv"], [2.0, 4.0], SpeedReplay(exponent=0.5, anchor="median"))["unlimited-kv"]
+    assert half[3][4.0] == pytest.approx(2.0) and half[4][4.0] == pytest.approx(1.0) and half[3][2.0] == pytest.approx(1.0)
+    assert machine_speeds(bj, ["unlimited-kv"], [2.0])["unlimited-kv"][4][2.0] == pytest.approx(2.0)
+    with pytest.raises(ValueError, match="unknown machine-speed anchor"):
+        machine_speeds(bj, ["unlimited-kv"], [2.0], SpeedReplay(anchor="fastest"))
+    kw: dict[str, Any] = {"policies": ["discard", "unlimited-kv"], "host_per_request_s": 0.0, "step_overhead_s": 0.0, "verbose": False}
+    damped = validate(bench, machine_speed="damped", **kw)
+    one = damped["one_speed_replay"]
+    fitted = one["speed_check"]["probe_slope"]
+    # The power is the slope the one-speed replay's forward time followed the probes with (clipped to [0, 1]),
+    # and the replay then ran at it, anchored on the median probe.
+    how = damped["cost_model"]["machine_speed_replay"]
+    assert how == {"exponent": pytest.approx(min(1.0, max(0.0, fitted["slope"]))), "anchor": "median"}
+    assert 0.0 < how["exponent"] < 1.0  # the slow point's engine ran slower than the one-speed replay, by less than its probe
+    assert damped["machine_speeds"]["unlimited-kv"][3][4.0] == pytest.approx(4.0 ** how["exponent"])
+    assert damped["machine_speeds"]["discard"][3][2.0] == pytest.approx(1.0)
+    assert "damped" in damped["cost_model"]["machine_speed"] and set(one["knees"]) == {"discard", "unlimited-kv"}
+    # Replayed so, the forward ratio follows the probes less than it did at one speed (the slow point computes
+    # longer in the simulator too).
+    assert abs(damped["speed_check"]["probe_slope"]["slope"]) < fitted["slope"]
+    print_validation(damped)
+    out = capsys.readouterr().out
+    assert "to the power" in out and "the one-speed replay the damping was fitted on" in out
+    with pytest.raises(ValueError, match="unknown machine-speed replay"):
+        validate(bench, machine_speed="fast", **kw)
 
 
 def test_validation_fits_the_recompute_cost_on_one_policy_after_the_host_time_on_another(tmp_path: Path) -> None:
@@ -451,3 +496,14 @@ def test_validation_takes_each_policys_budget_from_its_engine() -> None:
           "engines": {"discard": {"token_budget": 2048}, "infercept": {"token_budget": 1024}}}
     # vLLM's default (null) as the engine reported it; the bench's default only where nothing says.
     assert bench_budgets(bj) == {"discard": 2048, "infercept": 1024, "swap": 512}
+
+
+def test_a_replay_that_cannot_draw_the_benchmarks_prompts_says_what_is_missing_and_how_to_get_it() -> None:
+    from infercept.benchmarks.sim.workloads import bench_workloads
+    from infercept.benchmarks.workload import ShareGPT
+
+    if not ShareGPT.available():
+        pytest.skip("the ShareGPT package is not installed (scripts/install.sh installs it)")
+    reqs, note = bench_workloads("chatbot", [1.0], 5.0, 1, sharegpt_model="no-such-model")
+    assert note.startswith("approximate:") and "`infercept model prepare --name no-such-model`" in note
+    assert reqs[1.0]  # the same workload, other draws
