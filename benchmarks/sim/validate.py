@@ -204,28 +204,25 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
     probes there (`speedcheck.probe_slope`, clipped to [0, 1]) and replays at the probes over their median to that
     power (`SpeedReplay`), the fits made again; the one-speed replay's speed check is kept beside."""
     bj = read_bench(bench_path)
-    how, first = _speed_replay(machine_speed), None
-    if machine_speed == "damped":
-        first = validate(bench_path, policies=policies, token_budget=token_budget, context_share=context_share,
-                         frontend_s=frontend_s, host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s,
-                         fit_on=fit_on, decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
-                         window_share=window_share, chunk_step_s=chunk_step_s, verbose=False)
-        fitted = first["speed_check"]["probe_slope"]
-        if fitted is None:
-            raise ValueError("a damped machine-speed replay needs at least four measured points with probes and forward times")
-        how = SpeedReplay(exponent=min(1.0, max(0.0, fitted["slope"])), anchor="median")
+    how = _speed_replay(machine_speed)
     # Unnamed: every policy of the bench the simulator models (the others are listed in the report).
     skipped = [] if policies else [lab for lab in bj["policies"] if not simulable(lab)]
     policies = list(policies or [lab for lab in bj["policies"] if simulable(lab)])
     for lab in policies:
         variant(lab)  # unknown or unsimulated labels fail here, before the fits
-    cost = fit_cost(bj, token_budget=token_budget, context_share=context_share, frontend_s=frontend_s,
-                    host_per_request_s=host_per_request_s, step_overhead_s=step_overhead_s, fit_on=fit_on,
-                    decode_grid=decode_grid, cache_cliff=cache_cliff, fit_recompute_on=fit_recompute_on,
-                    window_share=window_share, chunk_step_s=chunk_step_s, machine_speed=how)
+    cost_args = {"token_budget": token_budget, "context_share": context_share, "frontend_s": frontend_s,
+                 "host_per_request_s": host_per_request_s, "step_overhead_s": step_overhead_s, "fit_on": fit_on,
+                 "decode_grid": decode_grid, "cache_cliff": cache_cliff, "fit_recompute_on": fit_recompute_on,
+                 "window_share": window_share, "chunk_step_s": chunk_step_s}
+    first: dict[str, Any] | None = None
+    if machine_speed == "damped":
+        first, _ = _fitted_replay(bj, policies, None, verbose=False, **cost_args)
+        fitted = first["speed_check"]["probe_slope"]
+        if fitted is None:
+            raise ValueError("a damped machine-speed replay needs at least four measured points with probes and forward times")
+        how = SpeedReplay(exponent=min(1.0, max(0.0, fitted["slope"])), anchor="median")
+    v, cost = _fitted_replay(bj, policies, how, verbose=verbose, **cost_args)
     kw, host_per_request_s, spill = cost.kw, cost.host_per_request_s, cost.spill
-    v = _validate(bj, policies, host_per_request_s=host_per_request_s, verbose=verbose, machine_speed=how, **kw)
-    v["speed_check"] = speed_check(bj, v["per_rate"])  # once, on the final replay (the fits' trials need none)
     v["bench"] = str(bench_path)
     v["bench_sha256"] = hashlib.sha256(Path(bench_path).read_bytes()).hexdigest()
     v["cost_model"].update(cost.fits())
@@ -243,6 +240,16 @@ def validate(bench_path: str | Path, *, policies: list[str] | None = None, token
         without = _validate(bj, policies, host_per_request_s=0.0, verbose=False, machine_speed=how, **kw)
         v["without_host_overhead"] = {lab: {k: p[k] for k in ("simulated", "rel_error")} for lab, p in without["policies"].items()}
     return v
+
+
+def _fitted_replay(bj: Mapping[str, Any], policies: list[str], how: SpeedReplay | None, *, verbose: bool,
+                   **cost_args: Any) -> tuple[dict[str, Any], FittedCost]:
+    """The costs fitted (`fit_cost`) and every policy replayed with them at the machine speeds `how` gives (None:
+    one speed), with the replay's speed check (once, on this replay: the fits' trials need none)."""
+    cost = fit_cost(bj, machine_speed=how, **cost_args)
+    v = _validate(bj, policies, host_per_request_s=cost.host_per_request_s, verbose=verbose, machine_speed=how, **cost.kw)
+    v["speed_check"] = speed_check(bj, v["per_rate"])
+    return v, cost
 
 
 @dataclass
